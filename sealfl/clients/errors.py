@@ -1,0 +1,15 @@
+"""Exception hierarchy for :mod:`sealfl.clients`."""
+
+from sealfl.common.errors import SealflError
+
+
+class ClientError(SealflError):
+    """A partner-side step failed."""
+
+
+class DataError(ClientError):
+    """Partner data is missing or malformed; the message names the file/row."""
+
+
+class KitError(ClientError):
+    """A partner's startup kit is missing, unreadable or cannot be unwrapped."""

@@ -1,0 +1,75 @@
+"""A partner's startup kit: who it is and its (wrapped) CKKS secret context.
+
+Layout of ``<consortium>/partners/<slug>/`` (written by
+:mod:`sealfl.platform.consortium`):
+
+- ``kit.json`` -- ``{"partner", "index", "consortium", "ckks": CKKSParams dict,
+  "context_id": hex, "task"}``
+- ``partner_key.pem`` -- the partner's P-256 private key (mode 0600; in a real
+  deployment generated at the partner's site, only the public key ever leaves it)
+- ``ckks_secret.wrapped`` -- the CKKS secret context wrapped to that key
+  (:mod:`sealfl.common.keywrap`, label ``b"ckks-secret-context"``)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from Crypto.PublicKey import ECC
+
+from sealfl.common.he import CKKSCodec, CKKSParams
+from sealfl.common.keywrap import KeyWrapError, unwrap
+
+from .errors import KitError
+
+CKKS_LABEL = b"ckks-secret-context"
+
+
+def slug(name: str) -> str:
+    """Directory-safe form of a partner name: ``"VA Long Beach"`` -> ``"va-long-beach"``."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+@dataclass(frozen=True)
+class PartnerKit:
+    """A loaded kit. ``codec`` holds the CKKS secret key (this partner is a key holder)."""
+
+    partner: str
+    index: int
+    consortium: str
+    codec: CKKSCodec
+    task: str
+
+
+def kit_dir(consortium_dir: str | Path, partner: str) -> Path:
+    return Path(consortium_dir) / "partners" / slug(partner)
+
+
+@lru_cache(maxsize=8)
+def load_kit(path: str) -> PartnerKit:
+    """Load and unwrap the kit in directory ``path`` (cached per process).
+
+    Raises KitError naming the missing/unreadable file, or if the secret does not unwrap
+    with this kit's private key.
+    """
+    d = Path(path)
+    try:
+        meta = json.loads((d / "kit.json").read_text())
+        key = ECC.import_key((d / "partner_key.pem").read_bytes())
+        wrapped = (d / "ckks_secret.wrapped").read_bytes()
+    except FileNotFoundError as exc:
+        raise KitError(f"startup kit {d} is incomplete: {exc.filename} is missing; re-issue the kit") from exc
+    except (ValueError, json.JSONDecodeError) as exc:
+        raise KitError(f"startup kit {d} is unreadable: {exc}") from exc
+    try:
+        secret = unwrap(wrapped, key, CKKS_LABEL)
+    except KeyWrapError as exc:
+        raise KitError(f"startup kit {d}: {exc}") from exc
+    codec = CKKSCodec.from_bytes(secret, CKKSParams.from_dict(meta["ckks"]), bytes.fromhex(meta["context_id"]))
+    if not codec.has_secret_key:
+        raise KitError(f"startup kit {d}: the unwrapped CKKS context holds no secret key")
+    return PartnerKit(meta["partner"], int(meta["index"]), meta["consortium"], codec, meta.get("task", "heart-logreg"))

@@ -1,0 +1,1 @@
+"""Code shared by two or more sealfl components (HE codec, array framing, errors)."""

@@ -1,0 +1,18 @@
+"""Exception hierarchy for :mod:`sealfl.common`."""
+
+
+class SealflError(Exception):
+    """Base class of every error sealfl raises on purpose."""
+
+
+class HEError(SealflError):
+    """Something about homomorphic encryption failed."""
+
+
+class CiphertextError(HEError):
+    """A ciphertext blob does not parse, belongs to another CKKS context, or has the
+    wrong length. The message names what was wrong; callers add who sent it."""
+
+
+class SecretKeyMissingError(HEError):
+    """Decryption was asked of a CKKS context that holds no secret key (the aggregator's)."""

@@ -1,0 +1,166 @@
+"""Campaigns: rounds of encrypted FedAvg run through Flower's simulation engine on Ray.
+
+Ray: an embedded local Ray by default; ``ray_address`` (or ``RAY_ADDRESS``) attaches to
+an existing cluster. Flower's Ray backend calls ``ray.init()`` only when Ray is not
+already running, so it joins the Ray we start here (../shared/NOTES.md).
+
+The aggregator writes everything to ``<out>/`` (see :mod:`sealfl.server.bookkeeping`);
+:func:`run_campaign` watches ``rounds.jsonl`` to report progress and raises
+:class:`CampaignError` with the aggregator's recorded error if the campaign failed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from sealfl.clients.task import HeartTask
+from sealfl.server.app import ServerConfig, make_server_app
+from sealfl.server.bookkeeping import RoundLog
+
+from .consortium import Consortium
+from .errors import CampaignError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CampaignSpec:
+    """A campaign to run.
+
+    Attributes:
+        consortium_dir: directory written by ``sealfl consortium create``.
+        out_dir: campaign directory (must not hold a finished campaign).
+        rounds: training rounds.
+        local_epochs, lr, batch_size: local training settings sent to partners.
+        min_partners: fewest valid updates per round (default: all but one, at least 2).
+        ray_address: attach to this Ray cluster (``None``: ``RAY_ADDRESS`` or a local Ray).
+        cpus_per_partner: Ray CPUs reserved per simulated SuperNode.
+    """
+
+    consortium_dir: str
+    out_dir: str
+    rounds: int = 10
+    local_epochs: int = 5
+    lr: float = 0.05
+    batch_size: int = 16
+    seed: int = 0
+    min_partners: int | None = None
+    ray_address: str | None = None
+    cpus_per_partner: float = 1.0
+    timeout_s: float = 600.0
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class CampaignResult:
+    """What a finished campaign left in ``out_dir``: its status and per-round records."""
+
+    out_dir: Path
+    status: dict
+    rounds: list[dict]
+    seconds: float
+
+
+def _ray_init(address: str | None) -> bool:
+    """Start or attach to Ray. Returns True if we started a local Ray (and must stop it)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        log.info("attaching to the Ray cluster at %s", address)
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+        return False
+    ray.init(include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
+             runtime_env={"env_vars": {"PYTHONWARNINGS": "ignore"}})
+    return True
+
+
+def run_campaign(spec: CampaignSpec, on_round: Callable[[dict], None] | None = None, client_app=None) -> CampaignResult:
+    """Run a campaign to the end.
+
+    Args:
+        spec: what to run.
+        on_round: called with each round's record as it is written (progress display).
+        client_app: a ClientApp to use instead of the partner app (tests inject faults).
+    Raises:
+        ConsortiumError: ``spec.consortium_dir`` is not a consortium.
+        CampaignError: the aggregator recorded a failure (message says which and why).
+    """
+    import ray
+    from flwr.simulation import run_simulation
+
+    from sealfl.clients.app import make_client_app
+
+    cons = Consortium.load(spec.consortium_dir)
+    out = Path(spec.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("rounds.jsonl", "status.json"):
+        (out / stale).unlink(missing_ok=True)
+    task = HeartTask()
+    n = len(cons.partners)
+    min_partners = spec.min_partners if spec.min_partners is not None else max(2, n - 1)
+    cfg = ServerConfig(
+        campaign_dir=str(out), public_context=str(cons.public_context), context_id=cons.context_id,
+        ckks=cons.ckks.to_dict(), num_partners=n, min_partners=min_partners, num_rounds=spec.rounds,
+        n_params=task.n_params, initial_params=task.init_params().tolist(),
+        train={"local-epochs": spec.local_epochs, "lr": spec.lr, "batch-size": spec.batch_size, "seed": spec.seed,
+               **spec.extra},
+        timeout_s=spec.timeout_s,
+    )
+    cfg.save(out / "server_config.json")
+    started_ray = _ray_init(spec.ray_address)
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch, args=(out, on_round, stop), daemon=True) if on_round else None
+    if watcher:
+        watcher.start()
+    t0 = time.perf_counter()
+    failure: BaseException | None = None
+    try:
+        run_simulation(
+            server_app=make_server_app(cfg),
+            client_app=client_app or make_client_app(str(cons.dir.resolve())),
+            num_supernodes=n,
+            backend_config={"client_resources": {"num_cpus": spec.cpus_per_partner, "num_gpus": 0.0}},
+        )
+    except Exception as exc:  # run_simulation re-raises the ServerApp thread's error
+        failure = exc
+    finally:
+        stop.set()
+        if watcher:
+            watcher.join(timeout=5)
+        if started_ray:
+            ray.shutdown()
+    seconds = time.perf_counter() - t0
+    status_path = out / "status.json"
+    status = json.loads(status_path.read_text()) if status_path.exists() else {"status": "failed", "error": "the aggregator never started"}
+    if status.get("status") != "finished":
+        raise CampaignError(
+            f"campaign in {out} did not finish: {status.get('error') or failure or status.get('status')}") from failure
+    return CampaignResult(out, status, RoundLog(out, spec.rounds).rounds(), seconds)
+
+
+def _watch(out: Path, on_round: Callable[[dict], None], stop: threading.Event) -> None:
+    seen = 0
+    path = out / "rounds.jsonl"
+    while True:
+        done = stop.is_set()
+        if path.exists():
+            lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+            for ln in lines[seen:]:
+                try:
+                    on_round(json.loads(ln))
+                except Exception:  # a progress display must never kill the campaign
+                    log.exception("progress callback failed")
+            seen = len(lines)
+        if done:
+            return
+        stop.wait(0.3)

@@ -1,0 +1,2 @@
+"""Aggregator side: Flower ServerApp and the encrypted FedAvg strategy. Holds a CKKS
+context WITHOUT the secret key: it adds ciphertexts and never decrypts."""

@@ -1,0 +1,42 @@
+"""Global scaling from encrypted per-partner sums equals pooled statistics; kits unwrap
+only with their own key."""
+
+import numpy as np
+import pytest
+
+from sealfl.clients.data import load_partitions
+from sealfl.clients.errors import KitError
+from sealfl.clients.kit import kit_dir, load_kit
+from sealfl.clients.stats import local_sums, mean_std
+from sealfl.common.he import CKKSCodec
+from sealfl.platform.consortium import create_consortium
+from sealfl.platform.errors import ConsortiumError
+from sealfl.server.aggregate import sum_chunks, validate_frames
+
+
+def test_encrypted_scaling_equals_pooled_numpy():
+    parts = load_partitions()
+    secret = CKKSCodec.generate()
+    public = CKKSCodec.from_bytes(secret.public_context_bytes(), secret.params, secret.context_id)
+    frames = {p.name: secret.encrypt(local_sums(p.x_train)) for p in parts}
+    agg = sum_chunks(public, validate_frames(public, frames, 27), 27)
+    mean, std = mean_std(secret.decrypt(agg))
+    pooled = np.concatenate([p.x_train for p in parts]).astype(np.float64)
+    np.testing.assert_allclose(mean, pooled.mean(axis=0), rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(std, pooled.std(axis=0), rtol=1e-6)
+
+
+def test_kits_unwrap_with_own_key_only(tmp_path):
+    cons, codec = create_consortium(tmp_path / "c", "t", ["A", "B"])
+    kit = load_kit(str(kit_dir(cons.dir, "A")))
+    assert kit.codec.has_secret_key and kit.partner == "A"
+    blob = codec.encrypt(np.array([1.5, -2.0]))
+    np.testing.assert_allclose(kit.codec.decrypt(blob), [1.5, -2.0], atol=1e-7)
+    # swap B's wrapped secret into A's kit: A's key cannot unwrap it
+    a, b = kit_dir(cons.dir, "A"), kit_dir(cons.dir, "B")
+    (a / "ckks_secret.wrapped").write_bytes((b / "ckks_secret.wrapped").read_bytes())
+    with pytest.raises(KitError, match="unwrap"):
+        load_kit(str(a) + "/")  # a new cache key
+    assert (a / "partner_key.pem").stat().st_mode & 0o077 == 0
+    with pytest.raises(ConsortiumError):
+        create_consortium(tmp_path / "c", "t", ["A", "B"])
