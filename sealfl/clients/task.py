@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import logging
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -144,8 +145,10 @@ class HeartTask:
         ``probability`` float32 (batch, 1). Returns the serialised model bytes."""
         model = self.build(params, mean, std).eval()
         buf = io.BytesIO()
-        torch.onnx.export(
-            model, (torch.zeros(1, N_FEATURES),), buf, input_names=["features"], output_names=["probability"],
-            dynamic_axes={"features": {0: "batch"}, "probability": {0: "batch"}}, opset_version=17, dynamo=False,
-        )
+        with warnings.catch_warnings():  # the TorchScript exporter is deprecated but exact for this graph
+            warnings.simplefilter("ignore", DeprecationWarning)
+            torch.onnx.export(
+                model, (torch.zeros(1, N_FEATURES),), buf, input_names=["features"], output_names=["probability"],
+                dynamic_axes={"features": {0: "batch"}, "probability": {0: "batch"}}, opset_version=17, dynamo=False,
+            )
         return buf.getvalue()

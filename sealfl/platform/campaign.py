@@ -42,6 +42,7 @@ class CampaignSpec:
         min_partners: fewest valid updates per round (default: all but one, at least 2).
         ray_address: attach to this Ray cluster (``None``: ``RAY_ADDRESS`` or a local Ray).
         cpus_per_partner: Ray CPUs reserved per simulated SuperNode.
+        flower_log_level: level of Flower's console handler (its INFO is chatty).
     """
 
     consortium_dir: str
@@ -55,6 +56,7 @@ class CampaignSpec:
     ray_address: str | None = None
     cpus_per_partner: float = 1.0
     timeout_s: float = 600.0
+    flower_log_level: str = "WARNING"
     extra: dict = field(default_factory=dict)
 
 
@@ -79,7 +81,8 @@ def _ray_init(address: str | None) -> bool:
         log.info("attaching to the Ray cluster at %s", address)
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
         return False
-    ray.init(include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # no GPUs here; silences Ray's tip
+    ray.init(include_dashboard=False, log_to_driver=False, ignore_reinit_error=True, logging_level=logging.WARNING,
              runtime_env={"env_vars": {"PYTHONWARNINGS": "ignore"}})
     return True
 
@@ -97,6 +100,10 @@ def run_campaign(spec: CampaignSpec, on_round: Callable[[dict], None] | None = N
     """
     import ray
     from flwr.simulation import run_simulation
+    from flwr.supercore.logger import update_console_handler
+
+    update_console_handler(level=spec.flower_log_level)
+    _hide_run_simulation_deprecation()
 
     from sealfl.clients.app import make_client_app
 
@@ -146,6 +153,21 @@ def run_campaign(spec: CampaignSpec, on_round: Callable[[dict], None] | None = N
         raise CampaignError(
             f"campaign in {out} did not finish: {status.get('error') or failure or status.get('status')}") from failure
     return CampaignResult(out, status, RoundLog(out, spec.rounds).rounds(), seconds)
+
+
+class _DropDeprecation(logging.Filter):
+    """Flower 1.42 warns that ``run_simulation`` is deprecated in favour of ``flwr run``;
+    we call it on purpose (SuperLink deployment is a separate path), so drop that one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "`run_simulation` function is deprecated" not in record.getMessage()
+
+
+def _hide_run_simulation_deprecation() -> None:
+    flwr_logger = logging.getLogger("flwr")
+    for h in flwr_logger.handlers:
+        if not any(isinstance(f, _DropDeprecation) for f in h.filters):
+            h.addFilter(_DropDeprecation())
 
 
 def _watch(out: Path, on_round: Callable[[dict], None], stop: threading.Event) -> None:

@@ -1,0 +1,85 @@
+"""Canonical JSON and strict JSON parsing for everything sealfl signs or verifies.
+
+Our canonical form (used for quote signatures and for the bytes of every signed
+document we emit): ``json.dumps(obj, sort_keys=True, separators=(",", ":"),
+ensure_ascii=False, allow_nan=False)`` encoded as UTF-8. It is *not* RFC 8785 (JCS);
+it is stable for the value types we sign (str, int, bool, None, lists, dicts with str
+keys; floats only in free metadata). DSSE signatures cover the exact payload bytes, so
+verifiers never need to re-canonicalise a DSSE payload.
+
+Strict parsing rejects what lets two parsers disagree about a signed document:
+duplicate object keys, NaN/Infinity, invalid UTF-8, and a top-level value that is not an
+object.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+__all__ = ["canonical_json", "loads_strict", "JSONFormatError"]
+
+
+class JSONFormatError(ValueError):
+    """Raised by :func:`loads_strict` when bytes are not one strict JSON object."""
+
+
+def canonical_json(obj: Any) -> bytes:
+    """Serialise ``obj`` to canonical JSON bytes (sorted keys, no whitespace, UTF-8).
+
+    Args:
+        obj: a JSON-serialisable value (dict keys must be ``str``).
+
+    Returns:
+        ``bytes`` of UTF-8 encoded JSON.
+
+    Raises:
+        ValueError: ``obj`` contains NaN or infinity.
+        TypeError: ``obj`` contains a non-JSON type (bytes, set, numpy scalar, ...).
+    """
+    return json.dumps(
+        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise JSONFormatError(f"duplicate JSON object key {key!r}")
+        out[key] = value
+    return out
+
+
+def _no_constants(name: str) -> Any:
+    raise JSONFormatError(f"JSON constant {name} is not allowed")
+
+
+def loads_strict(data: bytes) -> dict[str, Any]:
+    """Parse ``data`` as one strict UTF-8 JSON object.
+
+    Args:
+        data: raw bytes (not ``str``), e.g. a file's content or a DSSE payload.
+
+    Returns:
+        the parsed top-level ``dict``.
+
+    Raises:
+        JSONFormatError: invalid UTF-8, invalid JSON, duplicate keys, NaN/Infinity,
+            or a top-level value that is not an object.
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise JSONFormatError(f"expected bytes, got {type(data).__name__}")
+    try:
+        text = bytes(data).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise JSONFormatError(f"not valid UTF-8: {exc}") from exc
+    try:
+        obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+    except JSONFormatError:
+        raise
+    except ValueError as exc:
+        raise JSONFormatError(f"not valid JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise JSONFormatError(f"top-level JSON value must be an object, got {type(obj).__name__}")
+    return obj

@@ -1,0 +1,117 @@
+"""Exception hierarchy of :mod:`sealfl.attestation`.
+
+Every error raised by this package derives from :class:`AttestationError` (itself a
+:class:`sealfl.common.errors.SealflError`), so callers
+(the CLI, the device boot flow) can catch one type. Messages say what failed and what
+to do about it. :class:`VerificationError` is the one a release verification raises;
+it names the release file and the check that failed, e.g.
+``release file 'model.int8.onnx' failed check 'hash': ...``.
+"""
+
+from __future__ import annotations
+
+from sealfl.common.errors import SealflError
+
+__all__ = [
+    "AttestationError",
+    "KeyFormatError",
+    "ManifestError",
+    "SignatureError",
+    "StatementError",
+    "QuoteError",
+    "PolicyError",
+    "HashMismatchError",
+    "RollbackError",
+    "TrustAnchorError",
+    "VerificationError",
+    "CHECKS",
+]
+
+
+class AttestationError(SealflError):
+    """Base class of every error raised by :mod:`sealfl.attestation`.
+
+    Derives from :class:`sealfl.common.errors.SealflError` (a dependency-free module) so the
+    CLI can catch every deliberate sealfl error with one ``except``.
+    """
+
+
+class KeyFormatError(AttestationError):
+    """A key could not be parsed, is not ECDSA P-256, or is private where a public key was expected."""
+
+
+class ManifestError(AttestationError):
+    """A manifest is malformed (schema, types, paths, sizes, digests) or its root digest does not add up."""
+
+
+class SignatureError(AttestationError):
+    """A DSSE envelope is malformed or carries no signature by a trusted key."""
+
+
+class StatementError(AttestationError):
+    """An in-toto Statement is malformed or not a sealfl release statement."""
+
+
+class QuoteError(AttestationError):
+    """A TEE quote is malformed, its signature is not by the pinned attestation key, or its nonce/digest is wrong."""
+
+
+class PolicyError(AttestationError):
+    """A well-formed, authentic quote does not satisfy the policy (PCR values, backend)."""
+
+
+class HashMismatchError(AttestationError):
+    """A file's size or SHA-256 differs from what the manifest says."""
+
+
+class RollbackError(AttestationError):
+    """A release is older than the minimum version or than the last version the device ran."""
+
+
+class TrustAnchorError(AttestationError):
+    """The trust directory (pinned keys + policy.json) is missing, malformed or inconsistent."""
+
+
+#: Short names used in :attr:`VerificationError.check`, with what to do when they fail.
+CHECKS: dict[str, str] = {
+    "read": "check that the release directory exists and is readable",
+    "file-type": "a release directory holds only regular files; remove symlinks, subdirectories and special files",
+    "size": "the file exceeds the size cap; raise max_file_bytes only if the release is legitimately that large",
+    "missing-file": "re-download or re-copy the complete release directory",
+    "extra-file": "remove files that are not listed in manifest.json; only signed files may sit in a release directory",
+    "signature": "the release was not signed by a pinned release key; check you have the right trust directory and release",
+    "statement": "the signed in-toto statement is malformed; rebuild the release with the release enclave",
+    "manifest": "manifest.json does not match the signed statement or is malformed; re-download the release",
+    "hash": "the file's bytes differ from the signed manifest (corruption or tampering); re-download the release",
+    "attestation": "the release attestation does not prove that the pinned release enclave produced this release",
+    "version": "the release version is below the minimum version pinned in policy.json",
+    "rollback": "the release is older than the last release this device ran; refuse downgrades, publish a newer version",
+}
+
+
+class VerificationError(AttestationError):
+    """A release failed one verification check.
+
+    Attributes:
+        file: name of the release file that failed (``str``), e.g. ``"model.int8.onnx"``,
+            ``"manifest.dsse.json"``; for directory-level failures the directory path.
+        check: short name of the failed check, one of :data:`CHECKS` keys
+            (``"hash"``, ``"manifest"``, ``"signature"``, ``"attestation"``, ``"missing-file"``,
+            ``"extra-file"``, ``"version"``, ``"rollback"``, ...).
+        detail: human-readable explanation of what differed.
+
+    ``str(err)`` names the file, the check, the detail and what to do.
+    """
+
+    def __init__(self, file: str, check: str, detail: str) -> None:
+        self.file = file
+        self.check = check
+        self.detail = detail
+        hint = CHECKS.get(check, "")
+        msg = f"release file {file!r} failed check {check!r}: {detail}"
+        if hint:
+            msg += f" (what to do: {hint})"
+        super().__init__(msg)
+
+    def __reduce__(self):  # keep pickling (e.g. across processes) working with the custom __init__
+        return (type(self), (self.file, self.check, self.detail))

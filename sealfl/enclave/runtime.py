@@ -1,0 +1,278 @@
+"""Sandboxed onnxruntime inference in a child process (privilege separation).
+
+:class:`SandboxedRuntime` starts ``python -I runtime_child.py`` (see
+:mod:`sealfl.enclave.runtime_child`) with an empty-ish environment, cwd ``/``, a new
+session, an address-space limit (``RLIMIT_AS``) and -- where the kernel allows -- an empty
+network namespace. The child receives ONLY the verified model bytes over a pipe (never a
+path), builds ``onnxruntime.InferenceSession(model_bytes)`` and serves requests. Replies are
+parsed without pickle, so a compromised child cannot attack the parent through the protocol.
+Every wait on the child is bounded by a timeout; on timeout or crash the child is killed by
+its pid and :class:`RuntimeSandboxError` is raised.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from . import runtime_child as _child
+from .errors import RuntimeSandboxError
+
+__all__ = ["SandboxedRuntime", "DEFAULT_MEMORY_LIMIT_BYTES"]
+
+log = logging.getLogger(__name__)
+
+#: Default child address-space cap: 4 GiB (python + onnxruntime need ~250 MiB virtual,
+#: the rest is for the model and activations).
+DEFAULT_MEMORY_LIMIT_BYTES = 4 * 1024**3
+_CHUNK = 1 << 20
+
+
+def _minimal_env() -> dict[str, str]:
+    return {
+        "PATH": "/usr/bin:/bin",
+        "LC_ALL": "C.UTF-8",
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+    }
+
+
+class SandboxedRuntime:
+    """An onnxruntime session living in a sandboxed child process.
+
+    Args:
+        model_bytes: the verified ONNX model bytes (``bytes``, non-empty).
+        memory_limit_bytes: child ``RLIMIT_AS`` in bytes (default 4 GiB; 0 = no limit).
+        timeout_s: max seconds to wait for one ``run``/``health_check`` reply.
+        start_timeout_s: max seconds for the child to start and load the model.
+        intra_op_threads: onnxruntime intra-op thread count in the child.
+        network: ``"best-effort"`` (default: try an empty network namespace, continue
+            without), ``"isolate"`` (fail if impossible) or ``"inherit"``.
+
+    Attributes:
+        pid: the child's process id.
+        network: how the child's network was isolated (``"netns"``, ``"userns+netns"``,
+            ``"unavailable: ..."`` or ``"inherited"``).
+
+    Raises:
+        RuntimeSandboxError: the child could not start, reported an error (e.g. a corrupt
+            model; its message is included), crashed or timed out.
+    """
+
+    def __init__(self, model_bytes: bytes, *, memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES,
+                 timeout_s: float = 30.0, start_timeout_s: float = 120.0, intra_op_threads: int = 1,
+                 network: str = "best-effort") -> None:
+        if not isinstance(model_bytes, bytes) or not model_bytes:
+            raise RuntimeSandboxError("model_bytes must be non-empty bytes (the verified model)")
+        if network not in ("isolate", "best-effort", "inherit"):
+            raise RuntimeSandboxError(f"network must be isolate/best-effort/inherit, got {network!r}")
+        self.timeout_s = float(timeout_s)
+        self._lock = threading.Lock()
+        self._closed = False
+        self._max_reply = memory_limit_bytes or (1 << 40)
+        self._stderr = tempfile.TemporaryFile()
+        cmd = [sys.executable, "-I", os.path.abspath(_child.__file__),
+               "--memory-limit", str(int(memory_limit_bytes)), "--threads", str(int(intra_op_threads)),
+               "--network", network]
+        try:
+            self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          stderr=self._stderr, env=_minimal_env(), cwd="/",
+                                          close_fds=True, start_new_session=True)
+        except OSError as exc:
+            self._stderr.close()
+            raise RuntimeSandboxError(f"cannot start the sandbox child: {exc}") from exc
+        self.pid = self._proc.pid
+        os.set_blocking(self._proc.stdin.fileno(), False)
+        try:
+            reply, _ = self._request({"op": "init"}, [model_bytes], float(start_timeout_s))
+        except BaseException:
+            self.close()
+            raise
+        if reply.get("forbidden_modules"):
+            self.close()
+            raise RuntimeSandboxError(f"sandbox child loaded forbidden modules {reply['forbidden_modules']}")
+        self.network = str(reply.get("network"))
+        self.inputs: list[dict] = reply.get("inputs", [])
+        self.outputs: list[dict] = reply.get("outputs", [])
+        log.info("sandboxed runtime pid %d up (network %s, inputs %s)", self.pid, self.network,
+                 self.input_names)
+
+    # -- introspection ---------------------------------------------------------------
+
+    @property
+    def input_names(self) -> list[str]:
+        """Model input names, in graph order."""
+        return [i["name"] for i in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        """Model output names, in graph order."""
+        return [o["name"] for o in self.outputs]
+
+    @property
+    def alive(self) -> bool:
+        """True while the child process is running and not closed."""
+        return not self._closed and self._proc.poll() is None
+
+    # -- pipe I/O with deadlines -------------------------------------------------------
+
+    def _fail(self, what: str, grace_s: float = 0.0) -> RuntimeSandboxError:
+        """Kill the child (after ``grace_s`` seconds to exit by itself) and build the error."""
+        try:
+            self._proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+        try:
+            code = self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
+        self._stderr.seek(0, os.SEEK_END)
+        self._stderr.seek(max(0, self._stderr.tell() - 2000))
+        tail = self._stderr.read().decode("utf-8", "replace").strip()
+        msg = f"sandboxed runtime (pid {self.pid}) {what}; exit code {code}"
+        if tail:
+            msg += f"; child stderr: {tail}"
+        self._closed = True
+        return RuntimeSandboxError(msg)
+
+    def _write_all(self, chunks: Sequence[bytes], deadline: float) -> None:
+        fd = self._proc.stdin.fileno()
+        for chunk in chunks:
+            view = memoryview(chunk)
+            while view:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError
+                _, writable, _ = select.select([], [fd], [], remaining)
+                if not writable:
+                    continue
+                try:
+                    view = view[os.write(fd, view[:_CHUNK]):]
+                except BlockingIOError:
+                    continue
+
+    def _read_exact_until(self, deadline: float):
+        fd = self._proc.stdout.fileno()
+
+        def read_exact(n: int) -> bytes:
+            parts, got = [], 0
+            while got < n:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError
+                readable, _, _ = select.select([fd], [], [], remaining)
+                if not readable:
+                    continue
+                chunk = os.read(fd, min(n - got, _CHUNK))
+                if not chunk:
+                    raise EOFError
+                parts.append(chunk)
+                got += len(chunk)
+            return b"".join(parts)
+
+        return read_exact
+
+    def _request(self, header: dict, blobs: Sequence[bytes], timeout: float) -> tuple[dict, list[bytes]]:
+        if self._closed:
+            raise RuntimeSandboxError("sandboxed runtime is closed; start a new one")
+        deadline = time.monotonic() + timeout
+        op = header.get("op")
+        with self._lock:
+            try:
+                self._write_all(_child.encode_message(header, blobs), deadline)
+                reply, out = _child.read_message(self._read_exact_until(deadline), self._max_reply)
+            except TimeoutError as exc:
+                raise self._fail(f"did not answer {op!r} within {timeout:.1f} s and was killed") from exc
+            except (EOFError, BrokenPipeError) as exc:
+                raise self._fail(f"exited during {op!r} (crash or memory limit)", 1.0) from exc
+            except (ValueError, OSError) as exc:
+                raise self._fail(f"sent a malformed reply to {op!r}: {exc}") from exc
+        if not reply.get("ok"):
+            error = reply.get("error", "unknown error")
+            if op == "init":
+                raise self._fail(f"could not load the model: {error}", 1.0)
+            raise RuntimeSandboxError(f"sandboxed runtime (pid {self.pid}) failed {op!r}: {error}")
+        return reply, out
+
+    # -- API ---------------------------------------------------------------------------
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """Run the model; returns the outputs in :attr:`output_names` order.
+
+        Args:
+            inputs: ``{input name: numpy array}``; dtypes/shapes as the model declares.
+
+        Raises:
+            RuntimeSandboxError: unknown input names, an inference error in the child (its
+                message is included), a crash, or no reply within ``timeout_s``.
+        """
+        unknown = sorted(set(inputs) - set(self.input_names))
+        if unknown:
+            raise RuntimeSandboxError(f"unknown model inputs {unknown}; the model takes {self.input_names}")
+        names = list(inputs)
+        try:
+            blobs = [_child.array_to_bytes(np.asarray(inputs[n])) for n in names]
+        except ValueError as exc:
+            raise RuntimeSandboxError(f"cannot send inputs to the sandbox: {exc}") from exc
+        _, out = self._request({"op": "run", "inputs": names}, blobs, self.timeout_s)
+        try:
+            return [_child.bytes_to_array(b) for b in out]
+        except ValueError as exc:
+            raise self._fail(f"returned an unreadable output array: {exc}") from exc
+
+    def health_check(self) -> dict:
+        """Ping the child; returns ``{"ok": True, "pid": int, "network": str}``.
+
+        Raises:
+            RuntimeSandboxError: the child is gone or did not answer within ``timeout_s``.
+        """
+        reply, _ = self._request({"op": "ping"}, [], self.timeout_s)
+        return {"ok": True, "pid": reply.get("pid"), "network": reply.get("network")}
+
+    def close(self) -> None:
+        """Stop the child (polite shutdown, then SIGKILL by pid). Idempotent."""
+        proc = getattr(self, "_proc", None)
+        if proc is not None and proc.poll() is None:
+            if not self._closed:
+                try:
+                    with self._lock:
+                        self._write_all(_child.encode_message({"op": "shutdown"}), time.monotonic() + 0.5)
+                except (OSError, TimeoutError):
+                    pass
+            try:
+                proc.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+        self._closed = True
+        if proc is not None:
+            for stream in (proc.stdin, proc.stdout):
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+        stderr = getattr(self, "_stderr", None)
+        if stderr is not None and not stderr.closed:
+            stderr.close()
+
+    def __enter__(self) -> "SandboxedRuntime":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 -- never raise from a finaliser
+            pass

@@ -1,0 +1,215 @@
+"""Child side of the sandboxed onnxruntime runtime, and the pipe protocol both sides share.
+
+Run by :class:`sealfl.enclave.runtime.SandboxedRuntime` as a standalone script
+(``python -I .../runtime_child.py --memory-limit N ...``) so it imports neither the sealfl
+package nor anything but the standard library, numpy and onnxruntime. (It also works as
+``python -m sealfl.enclave.runtime_child``.) Before importing numpy/onnxruntime it:
+
+* sets ``RLIMIT_AS`` (address-space cap, bytes) and ``RLIMIT_CORE = 0``;
+* tries to enter a fresh, empty network namespace (``unshare(CLONE_NEWNET)``, falling back
+  to ``CLONE_NEWUSER | CLONE_NEWNET``), so the model code has no network;
+* moves the protocol onto a private dup of stdout and points fd 1 at stderr, so stray
+  prints from native code cannot corrupt the protocol.
+
+Protocol (both directions): a message is ``u64be(len(h)) || h || (u64be(len(b)) || b)*``
+where ``h`` is a UTF-8 JSON header ``{..., "nblobs": k}`` followed by ``k`` blobs. Arrays
+travel as ``.npy`` bytes (``np.save``/``np.load`` with ``allow_pickle=False``; never pickle).
+The first request is ``{"op": "init"}`` with one blob, the model bytes; then ``"run"``
+(blobs = input arrays, header ``"inputs"`` = their names), ``"ping"`` and ``"shutdown"``.
+Replies carry ``"ok": true`` or ``"ok": false, "error": "<Type>: <message>"``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import struct
+import sys
+from collections.abc import Callable, Sequence
+
+__all__ = ["MAX_HEADER_BYTES", "FORBIDDEN_MODULES", "encode_message", "read_message",
+           "array_to_bytes", "bytes_to_array", "main"]
+
+MAX_HEADER_BYTES = 1 << 20
+#: Top-level packages that must never be loaded in the child (device installs lack them).
+FORBIDDEN_MODULES = ("torch", "tenseal", "flwr")
+_LEN = struct.Struct(">Q")
+_CLONE_NEWNET = 0x40000000
+_CLONE_NEWUSER = 0x10000000
+
+
+def encode_message(header: dict, blobs: Sequence[bytes] = ()) -> list[bytes]:
+    """Encode one protocol message as a list of byte chunks (write them in order)."""
+    head = json.dumps({**header, "nblobs": len(blobs)}, separators=(",", ":")).encode("utf-8")
+    chunks = [_LEN.pack(len(head)) + head]
+    for blob in blobs:
+        chunks.append(_LEN.pack(len(blob)))
+        chunks.append(blob)
+    return chunks
+
+
+def read_message(read_exact: Callable[[int], bytes], max_blob_bytes: int) -> tuple[dict, list[bytes]]:
+    """Read one message with ``read_exact(n) -> exactly n bytes`` (raises EOFError at end).
+
+    Raises:
+        EOFError: the stream ended before a message began or mid-message.
+        ValueError: header too large or not a JSON object, blob over ``max_blob_bytes``.
+    """
+    (hlen,) = _LEN.unpack(read_exact(_LEN.size))
+    if hlen > MAX_HEADER_BYTES:
+        raise ValueError(f"protocol header of {hlen} bytes exceeds {MAX_HEADER_BYTES}")
+    header = json.loads(read_exact(hlen).decode("utf-8"))
+    if not isinstance(header, dict) or not isinstance(header.get("nblobs"), int):
+        raise ValueError("protocol header must be a JSON object with an integer 'nblobs'")
+    blobs = []
+    for _ in range(header["nblobs"]):
+        (blen,) = _LEN.unpack(read_exact(_LEN.size))
+        if blen > max_blob_bytes:
+            raise ValueError(f"protocol blob of {blen} bytes exceeds cap {max_blob_bytes}")
+        blobs.append(read_exact(blen))
+    return header, blobs
+
+
+def array_to_bytes(array) -> bytes:
+    """Serialise a numpy array to ``.npy`` bytes (no pickle; object arrays raise ValueError)."""
+    import numpy as np
+
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
+    return buf.getvalue()
+
+
+def bytes_to_array(data: bytes):
+    """Parse ``.npy`` bytes into a numpy array (``allow_pickle=False``)."""
+    import numpy as np
+
+    return np.load(io.BytesIO(data), allow_pickle=False)
+
+
+# ---- child process -------------------------------------------------------------------
+
+
+def _set_limits(memory_limit: int) -> None:
+    import resource
+
+    if memory_limit > 0:
+        resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _isolate_network() -> str:
+    """Enter an empty network namespace; return how (``"netns"``, ``"userns+netns"``) or an error."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError as exc:
+        return f"unavailable: {exc}"
+    for flags, how in ((_CLONE_NEWNET, "netns"), (_CLONE_NEWUSER | _CLONE_NEWNET, "userns+netns")):
+        if libc.unshare(flags) == 0:
+            return how
+    return f"unavailable: {os.strerror(ctypes.get_errno())}"
+
+
+def _reader(stream) -> Callable[[int], bytes]:
+    def read_exact(n: int) -> bytes:
+        parts, got = [], 0
+        while got < n:
+            chunk = stream.read(n - got)
+            if not chunk:
+                raise EOFError("parent closed the pipe")
+            parts.append(chunk)
+            got += len(chunk)
+        return b"".join(parts)
+
+    return read_exact
+
+
+def _error(exc: BaseException) -> dict:
+    return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def _io_meta(nodes) -> list[dict]:
+    return [{"name": n.name, "shape": [d if isinstance(d, int) else str(d) for d in (n.shape or [])],
+             "type": n.type} for n in nodes]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Child entry point; returns the process exit code (0 after shutdown/EOF, 2 on bad model)."""
+    parser = argparse.ArgumentParser(description="sealfl sandboxed onnxruntime child")
+    parser.add_argument("--memory-limit", type=int, default=0, help="RLIMIT_AS in bytes (0 = none)")
+    parser.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads")
+    parser.add_argument("--network", choices=("isolate", "best-effort", "inherit"), default="best-effort")
+    args = parser.parse_args(argv)
+
+    stdin = sys.stdin.buffer
+    proto = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)
+
+    def send(header: dict, blobs: Sequence[bytes] = ()) -> None:
+        for chunk in encode_message(header, blobs):
+            proto.write(chunk)
+
+    network = "inherited"
+    if args.network != "inherit":
+        network = _isolate_network()
+        if network.startswith("unavailable") and args.network == "isolate":
+            send({"ok": False, "error": f"SandboxError: network isolation required but {network}"})
+            return 2
+    _set_limits(args.memory_limit)
+    read_exact = _reader(stdin)
+    cap = args.memory_limit or (1 << 40)
+    try:
+        header, blobs = read_message(read_exact, cap)
+        if header.get("op") != "init" or len(blobs) != 1:
+            raise ValueError("first request must be 'init' with exactly one blob (the model bytes)")
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = args.threads
+        options.inter_op_num_threads = 1
+        session = ort.InferenceSession(blobs[0], options, providers=["CPUExecutionProvider"])
+        del blobs
+    except EOFError:
+        return 2
+    except Exception as exc:  # noqa: BLE001 -- every failure goes back to the parent
+        send(_error(exc))
+        return 2
+    forbidden = sorted(m for m in sys.modules if m.split(".")[0] in FORBIDDEN_MODULES)
+    send({"ok": True, "pid": os.getpid(), "inputs": _io_meta(session.get_inputs()),
+          "outputs": _io_meta(session.get_outputs()), "network": network,
+          "forbidden_modules": forbidden, "onnxruntime": ort.__version__})
+    output_names = [o.name for o in session.get_outputs()]
+    while True:
+        try:
+            header, blobs = read_message(read_exact, cap)
+        except EOFError:
+            return 0
+        except Exception as exc:  # noqa: BLE001 -- a corrupt stream: report and stop
+            send(_error(exc))
+            return 3
+        op = header.get("op")
+        try:
+            if op == "ping":
+                send({"ok": True, "pid": os.getpid(), "network": network})
+            elif op == "run":
+                names = header.get("inputs")
+                if not isinstance(names, list) or len(names) != len(blobs):
+                    raise ValueError("'run' needs one blob per name in 'inputs'")
+                feed = {name: bytes_to_array(blob) for name, blob in zip(names, blobs)}
+                del blobs
+                outputs = session.run(output_names, feed)
+                send({"ok": True}, [array_to_bytes(o) for o in outputs])
+            elif op == "shutdown":
+                send({"ok": True})
+                return 0
+            else:
+                raise ValueError(f"unknown op {op!r}")
+        except Exception as exc:  # noqa: BLE001 -- inference errors go back to the parent
+            send(_error(exc))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

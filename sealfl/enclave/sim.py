@@ -1,0 +1,237 @@
+"""``SimTEE``: an INSECURE in-process TEE simulation for tests and development.
+
+It implements :class:`sealfl.enclave.tee.TEE` faithfully enough to exercise every trust
+decision -- 24 SHA-256 PCRs starting at zero, TPM 2.0 Part 1 §17 extend, quotes signed
+by an ECDSA P-256 attestation key, AES-256-GCM sealing bound to a PCR policy -- but every
+secret sits in ordinary files (mode 0600) that anyone with the state directory can read.
+A ``sim`` quote proves nothing; devices accept it only if their policy says
+``allow_insecure_sim: true``.
+
+State directory (mode 0700)::
+
+    tee.json    {"backend": "sim", "format": 1}
+    ak.pem      AK private key, PKCS#8 PEM, mode 0600
+    seal.key    32-byte AES-256 sealing key, mode 0600
+    pcrs.json   current PCR values {"0": hex, ..., "23": hex}, mode 0600
+
+PCR values persist across :meth:`SimTEE.load` only with ``reset_pcrs=False``; the default
+``reset_pcrs=True`` simulates a reboot (TPM2_Startup(CLEAR): all PCRs back to zero).
+
+Sealed blob: ``MAGIC || u32be(len(header)) || header || nonce(12) || tag(16) || ciphertext``
+where ``header`` is canonical JSON ``{"alg": "AES-256-GCM", "bank": "sha256",
+"policy": {"<index>": hex}}`` and the GCM AAD is ``MAGIC || u32be(len) || header``, so
+the policy cannot be altered without failing authentication.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from Crypto.Cipher import AES
+from Crypto.Random import get_random_bytes
+
+from sealfl.attestation import keys as _keys
+from sealfl.attestation.canonical import JSONFormatError, canonical_json, loads_strict
+from sealfl.attestation.errors import AttestationError
+from sealfl.attestation.quote import DIGEST_SIZE, NUM_PCRS, ZERO_PCR, make_quote
+from sealfl.attestation.quote import extend as _extend
+
+from ._fsutil import atomic_write, check_private_file, ensure_private_dir
+from .errors import TEEError, TEEStateError, UnsealError
+from .tee import TEE
+
+__all__ = ["SimTEE", "TEE_CLASS"]
+
+log = logging.getLogger(__name__)
+
+_MAGIC = b"SEALFL-SIMSEAL/1\n"
+_STATE_FILES = ("tee.json", "ak.pem", "seal.key", "pcrs.json")
+
+
+def _check_index(pcr: int) -> int:
+    if not isinstance(pcr, int) or isinstance(pcr, bool) or not 0 <= pcr < NUM_PCRS:
+        raise TEEError(f"PCR index must be an integer in 0..{NUM_PCRS - 1}, got {pcr!r}")
+    return pcr
+
+
+def _check_digest(value: bytes, what: str) -> bytes:
+    if not isinstance(value, (bytes, bytearray)) or len(value) != DIGEST_SIZE:
+        raise TEEError(f"{what} must be {DIGEST_SIZE} bytes (SHA-256), got {value!r:.80}")
+    return bytes(value)
+
+
+class SimTEE(TEE):
+    """INSECURE simulated TEE (see module docstring). Use :meth:`create` / :meth:`load`."""
+
+    backend = "sim"
+    insecure = True
+
+    def __init__(self, state_dir: Path, ak_pem: bytes, seal_key: bytes, pcrs: list[bytes]) -> None:
+        """Internal; use :meth:`create` or :meth:`load`."""
+        self._dir = Path(state_dir)
+        self._ak = _keys.load_private_key(ak_pem)
+        self._seal_key = seal_key
+        self._pcrs = pcrs
+        log.warning(
+            "SimTEE in %s is an INSECURE simulation: keys are plain files and quotes prove nothing; "
+            "use the 'tpm' backend for anything but tests", self._dir,
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    @property
+    def state_dir(self) -> Path:
+        """The state directory of this TEE."""
+        return self._dir
+
+    @classmethod
+    def create(cls, state_dir: str | os.PathLike) -> "SimTEE":
+        """Provision a new simulated TEE in ``state_dir`` (created with mode 0700).
+
+        Raises:
+            TEEStateError: ``state_dir`` already holds SimTEE state.
+        """
+        root = Path(state_dir)
+        if any((root / name).exists() for name in _STATE_FILES):
+            raise TEEStateError(f"{root} already holds TEE state; use SimTEE.load or pick an empty directory")
+        ensure_private_dir(root)
+        ak_pem = _keys.private_key_to_pem(_keys.generate_key())
+        seal_key = get_random_bytes(32)
+        pcrs = [ZERO_PCR] * NUM_PCRS
+        atomic_write(root / "ak.pem", ak_pem, 0o600)
+        atomic_write(root / "seal.key", seal_key, 0o600)
+        tee = cls(root, ak_pem, seal_key, pcrs)
+        tee._save_pcrs()
+        atomic_write(root / "tee.json", canonical_json({"backend": "sim", "format": 1}), 0o600)
+        return tee
+
+    @classmethod
+    def load(cls, state_dir: str | os.PathLike, *, reset_pcrs: bool = True) -> "SimTEE":
+        """Open the simulated TEE in ``state_dir``.
+
+        Args:
+            state_dir: directory written by :meth:`create`.
+            reset_pcrs: True (default) simulates a reboot -- every PCR is zero again;
+                False restores the persisted PCR values (same "boot").
+
+        Raises:
+            TEEStateError: files missing, unreadable, malformed, or group/other-accessible.
+        """
+        root = Path(state_dir)
+        try:
+            for name in _STATE_FILES:
+                if not check_private_file(root / name):
+                    raise TEEStateError(f"{root / name} is accessible by group/others; chmod 600 it")
+            meta = json.loads((root / "tee.json").read_bytes())
+            ak_pem = (root / "ak.pem").read_bytes()
+            seal_key = (root / "seal.key").read_bytes()
+            saved = json.loads((root / "pcrs.json").read_bytes())
+        except (OSError, ValueError) as exc:
+            raise TEEStateError(f"cannot load SimTEE state from {root}: {exc}") from exc
+        if meta.get("backend") != "sim" or len(seal_key) != 32:
+            raise TEEStateError(f"{root} does not hold a valid SimTEE state")
+        if reset_pcrs:
+            pcrs = [ZERO_PCR] * NUM_PCRS
+        else:
+            try:
+                pcrs = [bytes.fromhex(saved[str(i)]) for i in range(NUM_PCRS)]
+            except (KeyError, ValueError) as exc:
+                raise TEEStateError(f"{root / 'pcrs.json'} is malformed: {exc}") from exc
+        try:
+            tee = cls(root, ak_pem, seal_key, pcrs)
+        except AttestationError as exc:
+            raise TEEStateError(f"{root / 'ak.pem'}: {exc}") from exc
+        if reset_pcrs:
+            tee._save_pcrs()
+        return tee
+
+    @classmethod
+    def open_or_create(cls, state_dir: str | os.PathLike, *, reset_pcrs: bool = True) -> "SimTEE":
+        """:meth:`load` if ``state_dir`` holds state, else :meth:`create`."""
+        if (Path(state_dir) / "tee.json").exists():
+            return cls.load(state_dir, reset_pcrs=reset_pcrs)
+        return cls.create(state_dir)
+
+    def _save_pcrs(self) -> None:
+        atomic_write(
+            self._dir / "pcrs.json",
+            canonical_json({str(i): v.hex() for i, v in enumerate(self._pcrs)}),
+            0o600,
+        )
+
+    # -- TEE interface ---------------------------------------------------------------
+
+    def extend(self, pcr: int, digest: bytes) -> None:
+        """See :meth:`TEE.extend`. Persists the new PCR values."""
+        index = _check_index(pcr)
+        self._pcrs[index] = _extend(self._pcrs[index], _check_digest(digest, "extend digest"))
+        self._save_pcrs()
+        log.debug("sim PCR %d extended -> %s", index, self._pcrs[index].hex())
+
+    def read(self, pcrs: Sequence[int]) -> dict[int, bytes]:
+        """See :meth:`TEE.read`."""
+        return {_check_index(i): self._pcrs[i] for i in pcrs}
+
+    def quote(self, nonce: bytes, pcrs: Sequence[int]) -> dict:
+        """See :meth:`TEE.quote`; ``backend`` is ``"sim"``."""
+        try:
+            return make_quote("sim", self.read(pcrs), nonce, lambda msg: _keys.sign(self._ak, msg))
+        except AttestationError as exc:
+            raise TEEError(f"cannot produce quote: {exc}") from exc
+
+    def public_key(self) -> bytes:
+        """See :meth:`TEE.public_key`."""
+        return _keys.public_key_to_pem(self._ak)
+
+    def seal(self, data: bytes, policy: Mapping[int, bytes] | None = None) -> bytes:
+        """See :meth:`TEE.seal`; blob format in the module docstring."""
+        pol = {
+            str(_check_index(i)): _check_digest(v, f"policy value of PCR {i}").hex()
+            for i, v in sorted((policy or {}).items())
+        }
+        header = canonical_json({"alg": "AES-256-GCM", "bank": "sha256", "policy": pol})
+        aad = _MAGIC + struct.pack(">I", len(header)) + header
+        cipher = AES.new(self._seal_key, AES.MODE_GCM, nonce=get_random_bytes(12))
+        cipher.update(aad)
+        ciphertext, tag = cipher.encrypt_and_digest(bytes(data))
+        return aad + cipher.nonce + tag + ciphertext
+
+    def unseal(self, blob: bytes) -> bytes:
+        """See :meth:`TEE.unseal`. Authenticates the blob first, then checks the PCR policy."""
+        blob = bytes(blob)
+        head = len(_MAGIC) + 4
+        if len(blob) < head + 28 or not blob.startswith(_MAGIC):
+            raise UnsealError("not a SimTEE sealed blob (bad magic or truncated)")
+        (hlen,) = struct.unpack(">I", blob[len(_MAGIC):head])
+        if len(blob) < head + hlen + 28:
+            raise UnsealError("SimTEE sealed blob is truncated")
+        aad = blob[: head + hlen]
+        nonce, tag = blob[head + hlen: head + hlen + 12], blob[head + hlen + 12: head + hlen + 28]
+        cipher = AES.new(self._seal_key, AES.MODE_GCM, nonce=nonce)
+        cipher.update(aad)
+        try:
+            data = cipher.decrypt_and_verify(blob[head + hlen + 28:], tag)
+        except ValueError as exc:
+            raise UnsealError(
+                "sealed blob failed authentication: it was modified or sealed by another TEE"
+            ) from exc
+        try:
+            policy = loads_strict(aad[head:])["policy"]
+        except (JSONFormatError, KeyError) as exc:  # authenticated, so only our own bug
+            raise UnsealError(f"sealed blob header is malformed: {exc}") from exc
+        mismatched = [int(i) for i, v in policy.items() if self._pcrs[int(i)].hex() != v]
+        if mismatched:
+            raise UnsealError(
+                f"PCR policy not satisfied: PCR(s) {sorted(mismatched)} differ from the values the "
+                "data was sealed to (the measured code or boot state changed); re-provision the secret"
+            )
+        return data
+
+
+#: Backend registry hook used by :func:`sealfl.enclave.tee.backend_class`.
+TEE_CLASS = SimTEE

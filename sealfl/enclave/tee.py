@@ -1,0 +1,137 @@
+"""The TEE abstraction every backend implements (``sim`` now, ``tpm`` on swtpm later).
+
+The interface mirrors the TPM 2.0 operations sealfl needs (TPM 2.0 Library Part 1):
+PCR extend (§17), PCR read, quote (§18.5), and seal/unseal to a PCR policy
+(PolicyPCR, Part 1 §19.7). PCRs are the SHA-256 bank, 24 registers, indices 0..23.
+
+Backends live in a module ``sealfl.enclave.<backend>`` that defines ``TEE_CLASS``; the
+factory functions here import it lazily, so adding a backend needs a new module and an
+entry in :data:`BACKEND_MODULES`, not a change to the interface.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+
+from Crypto.PublicKey import ECC
+
+from sealfl.attestation.keys import load_public_key
+
+from .errors import TEEError
+
+__all__ = ["TEE", "BACKEND_MODULES", "backend_class", "create_tee", "load_tee"]
+
+#: backend name -> module defining ``TEE_CLASS``.
+BACKEND_MODULES: dict[str, str] = {"sim": "sealfl.enclave.sim", "tpm": "sealfl.enclave.tpm"}
+
+
+class TEE(ABC):
+    """A trusted execution environment: PCRs, an attestation key (AK), sealing.
+
+    Attributes:
+        backend: backend name as written into quotes (``"sim"``, ``"tpm"``).
+        insecure: True for backends that protect nothing (the ``sim`` simulation).
+    """
+
+    backend: str = ""
+    insecure: bool = False
+
+    @classmethod
+    @abstractmethod
+    def create(cls, state_dir: str | os.PathLike) -> "TEE":
+        """Provision a fresh TEE whose persistent state lives in ``state_dir``.
+
+        Raises:
+            TEEStateError: ``state_dir`` already holds TEE state.
+        """
+
+    @classmethod
+    @abstractmethod
+    def load(cls, state_dir: str | os.PathLike, *, reset_pcrs: bool = True) -> "TEE":
+        """Open an existing TEE; ``reset_pcrs=True`` simulates a reboot (PCRs back to zero).
+
+        Raises:
+            TEEStateError: state missing, incomplete or with unsafe permissions.
+        """
+
+    @abstractmethod
+    def extend(self, pcr: int, digest: bytes) -> None:
+        """Extend PCR ``pcr`` (0..23) with a 32-byte ``digest``: ``new = SHA-256(old || digest)``.
+
+        Raises:
+            TEEError: bad index or digest size.
+        """
+
+    @abstractmethod
+    def read(self, pcrs: Sequence[int]) -> dict[int, bytes]:
+        """Return ``{index: 32-byte value}`` of the requested PCRs.
+
+        Raises:
+            TEEError: bad index.
+        """
+
+    @abstractmethod
+    def quote(self, nonce: bytes, pcrs: Sequence[int]) -> dict:
+        """Return a quote over ``pcrs`` carrying ``nonce`` (1..64 bytes), signed by the AK.
+
+        Format: :mod:`sealfl.attestation.quote`.
+
+        Raises:
+            TEEError: bad nonce or indices.
+        """
+
+    @abstractmethod
+    def seal(self, data: bytes, policy: Mapping[int, bytes] | None = None) -> bytes:
+        """Encrypt ``data`` so only this TEE can unseal it, and only while every PCR in
+        ``policy`` (``{index: required 32-byte value}``) holds that value. Returns an opaque blob.
+
+        Raises:
+            TEEError: bad policy.
+        """
+
+    @abstractmethod
+    def unseal(self, blob: bytes) -> bytes:
+        """Return the data sealed in ``blob``.
+
+        Raises:
+            UnsealError: blob modified or from another TEE, or current PCRs differ from its policy.
+        """
+
+    @abstractmethod
+    def public_key(self) -> bytes:
+        """The AK public key as SubjectPublicKeyInfo PEM bytes."""
+
+    def ak_public_key(self) -> ECC.EccKey:
+        """The AK public key parsed as an ECC key (convenience over :meth:`public_key`)."""
+        return load_public_key(self.public_key())
+
+
+def backend_class(backend: str) -> type[TEE]:
+    """Return the :class:`TEE` subclass for ``backend``.
+
+    Raises:
+        TEEError: unknown backend, or its module is not available yet.
+    """
+    module_name = BACKEND_MODULES.get(backend)
+    if module_name is None:
+        raise TEEError(f"unknown TEE backend {backend!r}; choose one of {sorted(BACKEND_MODULES)}")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name:
+            raise
+        raise TEEError(f"TEE backend {backend!r} is not available in this build ({module_name} missing)") from exc
+    return module.TEE_CLASS
+
+
+def create_tee(backend: str, state_dir: str | os.PathLike) -> TEE:
+    """Provision a fresh TEE of ``backend`` in ``state_dir`` (see :meth:`TEE.create`)."""
+    return backend_class(backend).create(state_dir)
+
+
+def load_tee(backend: str, state_dir: str | os.PathLike, *, reset_pcrs: bool = True) -> TEE:
+    """Open the TEE of ``backend`` in ``state_dir`` (see :meth:`TEE.load`)."""
+    return backend_class(backend).load(state_dir, reset_pcrs=reset_pcrs)

@@ -1,0 +1,25 @@
+"""Rich progress display for campaigns (a bar over rounds, one line per round)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from .campaign import CampaignResult, CampaignSpec, run_campaign
+
+
+def run_campaign_with_progress(spec: CampaignSpec, console: Console, client_app=None) -> CampaignResult:
+    """:func:`run_campaign` with a progress bar; each finished round prints its accuracy,
+    accepted/rejected partners and time. Raises what :func:`run_campaign` raises."""
+    with Progress(TextColumn("[bold]encrypted rounds"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.description}"), console=console, transient=False) as bar:
+        task = bar.add_task("starting Ray + Flower, statistics round…", total=spec.rounds)
+
+        def on_round(rec: dict) -> None:
+            rej = rec.get("rejected") or {}
+            note = f", rejected {', '.join(rej)}" if rej else ""
+            bar.update(task, advance=1, description=(
+                f"round {rec['round']}: pooled acc {rec.get('pooled_test_accuracy', float('nan')):.3f}, "
+                f"{len(rec.get('accepted', []))} partners{note}, {rec.get('round_seconds', 0):.2f} s"))
+
+        return run_campaign(spec, on_round=on_round, client_app=client_app)

@@ -1,0 +1,118 @@
+"""The release pipeline: decrypt (in the release enclave) -> evaluate -> ONNX -> INT8 ->
+accuracy gate -> manifest, DSSE/in-toto signature, release attestation.
+
+Provisioning (at consortium set-up): :func:`provision_release_enclave` creates the
+release enclave (``<consortium>/enclave``), seals the CKKS secret context into it and
+exports the device trust anchors (``<consortium>/trust``).
+
+Gate: the INT8 model's pooled test accuracy may be at most ``max_drop`` (default 0.01,
+one point) below the fp32 model's; otherwise :class:`ReleaseError` and nothing is
+written. Accuracies are pooled from per-partner ``{correct, n}`` counts
+(:func:`sealfl.clients.onnx_eval.evaluate_onnx`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sealfl.clients.onnx_eval import evaluate_onnx
+from sealfl.clients.stats import mean_std
+from sealfl.clients.task import HeartTask
+from sealfl.enclave.keyholder import KeyHolder
+from sealfl.enclave.release_enclave import ReleaseEnclave
+from sealfl.server.bookkeeping import load_checkpoint
+
+from .consortium import Consortium
+from .errors import ReleaseError
+from .quantize import quantize_int8
+
+log = logging.getLogger(__name__)
+MODEL_FILE = "model.int8.onnx"
+
+
+def enclave_dir(cons: Consortium) -> Path:
+    return cons.dir / "enclave"
+
+
+def trust_dir(cons: Consortium) -> Path:
+    return cons.dir / "trust"
+
+
+def provision_release_enclave(cons: Consortium, secret_context: bytes) -> ReleaseEnclave:
+    """Create the release enclave, seal the CKKS secret into it, export device trust anchors."""
+    enclave = ReleaseEnclave.create(enclave_dir(cons))
+    KeyHolder.provision(enclave, secret_context)
+    enclave.export_trust(trust_dir(cons))
+    return enclave
+
+
+@dataclass
+class ReleaseResult:
+    """Outcome of :func:`release`.
+
+    Attributes:
+        summary: what ``ReleaseEnclave.write_release`` returned (name, version, root_digest, files, dir).
+        accuracy: ``{"fp32": {...}, "int8": {...}}`` each with ``pooled`` and ``per_partner``.
+        sizes: ``{"fp32_onnx_bytes", "int8_onnx_bytes"}``.
+        params: the decrypted global model (float64, (14,)).
+        seconds: wall time of the pipeline.
+    """
+
+    summary: dict
+    accuracy: dict
+    sizes: dict
+    params: list
+    seconds: float
+
+
+def _pooled(cons: Consortium, model: bytes) -> dict:
+    per = {p: evaluate_onnx(p, model) for p in cons.partners}
+    correct = sum(v["correct"] for v in per.values())
+    n = sum(v["n"] for v in per.values())
+    return {"pooled": correct / max(n, 1), "correct": correct, "n": n, "per_partner": per}
+
+
+def release(consortium_dir: str | Path, campaign_dir: str | Path, out_dir: str | Path, *, version: int,
+            name: str = "heart-risk", max_drop: float = 0.01) -> ReleaseResult:
+    """Build, gate, sign and attest a release of the campaign's final global model.
+
+    Raises:
+        ConsortiumError: not a consortium directory.
+        FileNotFoundError: the campaign has no checkpoint.
+        UnsealError: the release enclave's code changed since provisioning.
+        ReleaseError: the INT8 model fails the accuracy gate (nothing is written).
+        ReleaseWriteError: ``out_dir`` is not empty (from the enclave).
+    """
+    t0 = time.perf_counter()
+    cons = Consortium.load(consortium_dir)
+    ckpt = load_checkpoint(campaign_dir)
+    enclave = ReleaseEnclave.open(enclave_dir(cons))
+    keys = KeyHolder(enclave, cons.ckks, bytes.fromhex(cons.context_id))
+    task = HeartTask()
+    params = keys.decrypt_average(ckpt["model_ct"], ckpt["model_weight"], task.n_params)
+    mean, std = mean_std(keys.decrypt(ckpt["stats_ct"]))
+    fp32 = task.to_onnx(params, mean, std)
+    int8 = quantize_int8(fp32)
+    acc = {"fp32": _pooled(cons, fp32), "int8": _pooled(cons, int8)}
+    drop = acc["fp32"]["pooled"] - acc["int8"]["pooled"]
+    log.info("release gate: fp32 %.4f, int8 %.4f (drop %.4f, allowed %.4f)",
+             acc["fp32"]["pooled"], acc["int8"]["pooled"], drop, max_drop)
+    if drop > max_drop + 1e-12:
+        raise ReleaseError(
+            f"INT8 pooled test accuracy {acc['int8']['pooled']:.4f} is {100 * drop:.2f} points below fp32 "
+            f"{acc['fp32']['pooled']:.4f} (allowed: {100 * max_drop:.2f}); not releasing")
+    metadata = {
+        "model_file": MODEL_FILE,
+        "task": task.name,
+        "input": {"name": "features", "dtype": "float32", "shape": ["batch", 13]},
+        "output": {"name": "probability", "dtype": "float32", "shape": ["batch", 1]},
+        "quantization": "onnxruntime quantize_dynamic, QInt8 weights",
+        "campaign": {"rounds": ckpt["round"], "context_id": cons.context_id, "partners": cons.partners},
+        "accuracy": {"fp32_pooled_test": acc["fp32"]["pooled"], "int8_pooled_test": acc["int8"]["pooled"]},
+    }
+    summary = enclave.write_release(out_dir, {MODEL_FILE: int8}, name, version, metadata)
+    return ReleaseResult(summary, acc, {"fp32_onnx_bytes": len(fp32), "int8_onnx_bytes": len(int8)},
+                         params.tolist(), time.perf_counter() - t0)

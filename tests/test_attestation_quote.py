@@ -1,0 +1,88 @@
+"""Quotes: PCR arithmetic (TPM 2.0 Part 1 §17, §18.5) and pure verification."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+
+import conftest_release  # noqa: F401
+import pytest
+
+from sealfl.attestation import keys
+from sealfl.attestation.errors import PolicyError, QuoteError
+from sealfl.attestation.quote import make_quote, pcr_after, pcr_digest, quote_message, verify_quote
+
+
+def _sha(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+D1, D2 = _sha(b"first measurement"), _sha(b"second measurement")
+
+
+def test_pcr_after_matches_hand_computation():
+    zero = b"\x00" * 32
+    expected = _sha(_sha(zero + D1) + D2)
+    assert pcr_after([D1, D2]) == expected.hex()
+    assert pcr_after([D1.hex(), D2.hex()]) == expected.hex()
+    assert pcr_after([]) == zero.hex()
+    with pytest.raises(QuoteError):
+        pcr_after([b"short"])
+
+
+def test_pcr_digest_is_sha256_over_ascending_indices():
+    v16, v23 = _sha(b"a"), _sha(b"b")
+    assert pcr_digest({23: v23, 16: v16}) == hashlib.sha256(v16 + v23).hexdigest()
+
+
+def _quote(ak, nonce=b"n" * 32, pcrs=None):
+    pcrs = pcrs or {16: bytes.fromhex(pcr_after([D1]))}
+    return make_quote("sim", pcrs, nonce, lambda m: keys.sign(ak, m))
+
+
+def test_good_quote_verifies_and_signature_covers_canonical_json():
+    ak = keys.generate_key()
+    quote = _quote(ak)
+    verify_quote(quote, ak.public_key(), b"n" * 32, {16: pcr_after([D1])}, allowed_backends={"sim"})
+    assert keys.verify(ak.public_key(), quote_message(quote), base64.b64decode(quote["signature"]))
+    assert quote["pcr_bank"] == "sha256" and quote["nonce"] == (b"n" * 32).hex()
+
+
+def test_wrong_nonce_refused():
+    ak = keys.generate_key()
+    with pytest.raises(QuoteError, match="nonce"):
+        verify_quote(_quote(ak), ak.public_key(), b"m" * 32, {16: pcr_after([D1])})
+
+
+def test_signature_by_another_ak_refused():
+    ak, rogue = keys.generate_key(), keys.generate_key()
+    with pytest.raises(QuoteError, match="signature"):
+        verify_quote(_quote(rogue), ak.public_key(), b"n" * 32, {16: pcr_after([D1])})
+
+
+def test_edited_quote_fields_refused():
+    ak = keys.generate_key()
+    quote = _quote(ak)
+    quote["pcrs"]["16"] = pcr_after([D2])  # claim another measurement without re-signing
+    with pytest.raises(QuoteError, match="signature"):
+        verify_quote(quote, ak.public_key(), b"n" * 32, {16: pcr_after([D2])})
+
+
+def test_policy_mismatches():
+    ak = keys.generate_key()
+    quote = _quote(ak)
+    with pytest.raises(PolicyError, match="PCR 16"):
+        verify_quote(quote, ak.public_key(), b"n" * 32, {16: pcr_after([D2])})
+    with pytest.raises(PolicyError, match="PCR 23"):
+        verify_quote(quote, ak.public_key(), b"n" * 32, {23: pcr_after([D1])})
+    with pytest.raises(PolicyError, match="backend"):
+        verify_quote(quote, ak.public_key(), b"n" * 32, {16: pcr_after([D1])}, allowed_backends={"tpm"})
+
+
+def test_signed_but_inconsistent_pcr_digest_refused():
+    ak = keys.generate_key()
+    quote = _quote(ak)
+    quote["pcr_digest"] = "00" * 32
+    quote["signature"] = base64.b64encode(keys.sign(ak, quote_message(quote))).decode()
+    with pytest.raises(QuoteError, match="pcr_digest"):
+        verify_quote(quote, ak.public_key(), b"n" * 32, {16: pcr_after([D1])})

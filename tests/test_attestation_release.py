@@ -1,0 +1,185 @@
+"""verify_release: accepts the untouched release and names file + check for every refusal."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+
+import pytest
+from conftest_release import MODEL_FILE, enclave, release_dir, release_files, trust_dir  # noqa: F401
+
+from sealfl.attestation import keys
+from sealfl.attestation.bundle import build_attestation
+from sealfl.attestation.canonical import canonical_json
+from sealfl.attestation.dsse import sign_envelope
+from sealfl.attestation.errors import TrustAnchorError, VerificationError
+from sealfl.attestation.quote import pcr_after
+from sealfl.attestation.release import load_trust_anchors, read_release_dir, verify_release
+from sealfl.attestation.statement import PAYLOAD_TYPE
+from sealfl.enclave.measure import measure_release_enclave
+from sealfl.enclave.sim import SimTEE
+
+
+def _refused(files, trust, file, check, **kw) -> VerificationError:
+    with pytest.raises(VerificationError) as info:
+        verify_release(files, trust, **kw)
+    err = info.value
+    assert (err.file, err.check) == (file, check), str(err)
+    assert repr(file) in str(err) and repr(check) in str(err)
+    return err
+
+
+def test_untouched_release_is_accepted(release_files, trust_dir):
+    trust = load_trust_anchors(trust_dir)
+    verified = verify_release(release_files, trust, last_version=3)
+    assert (verified.name, verified.version, verified.backend) == ("heart-mlp", 3, "sim")
+    # root digest recomputed here from the files on disk with hashlib
+    h = hashlib.sha256()
+    for name in sorted(["labels.json", MODEL_FILE]):
+        h.update(name.encode() + b"\0" + hashlib.sha256(release_files[name]).digest())
+    assert verified.root_digest == h.hexdigest()
+    assert set(verified.payload) == {"labels.json", MODEL_FILE}
+    assert verified.payload[MODEL_FILE] is release_files[MODEL_FILE]  # the very bytes that were hashed
+    assert verified.metadata == {"model_file": MODEL_FILE}
+
+
+def test_trust_dir_pins_the_enclave_measurement(trust_dir, enclave):
+    trust = load_trust_anchors(trust_dir)
+    assert dict(trust.expected_pcrs) == {16: pcr_after([measure_release_enclave()])}
+    assert trust.allow_insecure_sim and trust.allowed_backends == {"sim"}
+    assert [keys.keyid(k) for k in trust.release_public_keys] == [keys.keyid(enclave.release_public_key)]
+    for name in os.listdir(trust_dir):
+        assert b"PRIVATE" not in (trust_dir / name).read_bytes()
+
+
+def test_flipped_byte_in_model_refused(release_files, trust_dir):
+    data = bytearray(release_files[MODEL_FILE])
+    data[len(data) // 2] ^= 0x01
+    _refused({**release_files, MODEL_FILE: bytes(data)}, load_trust_anchors(trust_dir), MODEL_FILE, "hash")
+
+
+def test_truncated_model_refused(release_files, trust_dir):
+    err = _refused({**release_files, MODEL_FILE: release_files[MODEL_FILE][:-1]},
+                   load_trust_anchors(trust_dir), MODEL_FILE, "hash")
+    assert "size" in str(err)
+
+
+@pytest.mark.parametrize("edit", ["digest", "version", "consistent-digest", "metadata"])
+def test_manifest_edits_refused(release_files, trust_dir, edit):
+    manifest = json.loads(release_files["manifest.json"])
+    if edit == "digest":
+        manifest["files"][0]["sha256"] = hashlib.sha256(b"evil").hexdigest()
+    elif edit == "version":
+        manifest["version"] = 99
+    elif edit == "consistent-digest":  # attacker rewrites the file, its digest and the root digest
+        from sealfl.attestation.manifest import root_digest
+        entry = next(e for e in manifest["files"] if e["path"] == MODEL_FILE)
+        entry["sha256"] = hashlib.sha256(b"evil").hexdigest()
+        entry["size"] = 4
+        manifest["root_digest"] = root_digest({e["path"]: e["sha256"] for e in manifest["files"]})
+    else:
+        manifest["metadata"]["model_file"] = "labels.json"
+    files = {**release_files, "manifest.json": canonical_json(manifest)}
+    _refused(files, load_trust_anchors(trust_dir), "manifest.json", "manifest")
+
+
+def test_dsse_signed_by_another_key_refused(release_files, trust_dir):
+    envelope = json.loads(release_files["manifest.dsse.json"])
+    import base64
+    statement = base64.b64decode(envelope["payload"])
+    forged = sign_envelope(statement, PAYLOAD_TYPE, keys.generate_key())
+    files = {**release_files, "manifest.dsse.json": json.dumps(forged).encode()}
+    _refused(files, load_trust_anchors(trust_dir), "manifest.dsse.json", "signature")
+
+
+def test_attestation_with_other_measurement_refused(release_files, trust_dir, enclave):
+    root = json.loads(release_files["manifest.json"])["root_digest"]
+    # Same TEE (same pinned AK), rebooted, PCR 16 extended with a different code digest.
+    tee = SimTEE.load(enclave.state_dir / "tee", reset_pcrs=True)
+    tee.extend(16, hashlib.sha256(b"patched release enclave code").digest())
+    quote = tee.quote(bytes.fromhex(root), [16])
+    files = {**release_files, "attestation.json": canonical_json(build_attestation(quote))}
+    err = _refused(files, load_trust_anchors(trust_dir), "attestation.json", "attestation")
+    assert "PCR 16" in str(err)
+
+
+def test_attestation_from_another_tee_refused(release_files, trust_dir, tmp_path):
+    root = json.loads(release_files["manifest.json"])["root_digest"]
+    rogue = SimTEE.create(tmp_path / "rogue")
+    rogue.extend(16, measure_release_enclave())  # right measurement, wrong (unpinned) AK
+    quote = rogue.quote(bytes.fromhex(root), [16])
+    files = {**release_files, "attestation.json": canonical_json(build_attestation(quote))}
+    _refused(files, load_trust_anchors(trust_dir), "attestation.json", "attestation")
+
+
+def test_attestation_for_another_release_refused(release_files, trust_dir, enclave):
+    stale = enclave.attest(hashlib.sha256(b"some other root digest").digest())
+    files = {**release_files, "attestation.json": canonical_json(build_attestation(stale))}
+    err = _refused(files, load_trust_anchors(trust_dir), "attestation.json", "attestation")
+    assert "nonce" in str(err)
+
+
+def test_sim_attestation_refused_when_policy_forbids_insecure(release_files, trust_dir):
+    trust = dataclasses.replace(load_trust_anchors(trust_dir), allow_insecure_sim=False)
+    _refused(release_files, trust, "attestation.json", "attestation")
+
+
+@pytest.mark.parametrize("name", ["labels.json", MODEL_FILE, "manifest.dsse.json", "attestation.json",
+                                  "manifest.json"])
+def test_missing_file_refused(release_files, trust_dir, name):
+    files = {k: v for k, v in release_files.items() if k != name}
+    _refused(files, load_trust_anchors(trust_dir), name, "missing-file")
+
+
+def test_extra_file_refused(release_files, trust_dir):
+    files = {**release_files, "notes.txt": b"not signed"}
+    _refused(files, load_trust_anchors(trust_dir), "notes.txt", "extra-file")
+
+
+def test_rollback_and_min_version_refused(release_files, trust_dir):
+    trust = load_trust_anchors(trust_dir)
+    _refused(release_files, trust, "manifest.json", "rollback", last_version=4)
+    verify_release(release_files, trust, last_version=3)  # same version is fine (re-boot)
+    _refused(release_files, dataclasses.replace(trust, min_version=4), "manifest.json", "version")
+
+
+def test_mutable_bytes_refused(release_files, trust_dir):
+    files = {**release_files, MODEL_FILE: bytearray(release_files[MODEL_FILE])}
+    _refused(files, load_trust_anchors(trust_dir), MODEL_FILE, "read")
+
+
+def test_read_release_dir_reads_regular_files_only(release_dir, tmp_path):
+    files = read_release_dir(release_dir)
+    assert files[MODEL_FILE] == (release_dir / MODEL_FILE).read_bytes()
+    assert sorted(files) == sorted(os.listdir(release_dir))
+    with pytest.raises(VerificationError) as info:
+        read_release_dir(release_dir, max_file_bytes=8)
+    assert info.value.check == "size"
+
+    (tmp_path / "outside").write_bytes(b"x")
+    os.symlink(tmp_path / "outside", release_dir / "link.onnx")
+    with pytest.raises(VerificationError) as info:
+        read_release_dir(release_dir)
+    assert (info.value.file, info.value.check) == ("link.onnx", "file-type")
+    os.unlink(release_dir / "link.onnx")
+
+    (release_dir / "sub").mkdir()
+    with pytest.raises(VerificationError) as info:
+        read_release_dir(release_dir)
+    assert (info.value.file, info.value.check) == ("sub", "file-type")
+
+    with pytest.raises(VerificationError) as info:
+        read_release_dir(tmp_path / "does-not-exist")
+    assert info.value.check == "read"
+
+
+def test_trust_dir_errors(tmp_path, trust_dir):
+    with pytest.raises(TrustAnchorError, match="cannot read"):
+        load_trust_anchors(tmp_path / "empty")
+    policy = json.loads((trust_dir / "policy.json").read_bytes())
+    policy["ak_keyid"] = "0" * 64
+    (trust_dir / "policy.json").write_text(json.dumps(policy))
+    with pytest.raises(TrustAnchorError, match="ak_keyid"):
+        load_trust_anchors(trust_dir)

@@ -1,0 +1,124 @@
+"""Device boot: good release boots and predicts; tampered/rolled-back releases are refused
+without touching state.json; boot_last_good brings the last good release back."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from conftest_release import (  # noqa: F401
+    MODEL_FILE,
+    default_payload,
+    enclave,
+    make_onnx_model,
+    release_dir,
+    sample_inputs,
+    trust_dir,
+)
+
+from sealfl.attestation.quote import pcr_after, verify_quote
+from sealfl.enclave.device import boot, boot_last_good, read_device_state
+from sealfl.enclave.errors import BootError
+from sealfl.enclave.measure import measure_device_runtime
+from sealfl.enclave.verify_cli import describe, verify_dir
+
+
+def _direct(model: bytes, x: np.ndarray) -> np.ndarray:
+    return ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
+def test_good_release_boots_and_predicts(trust_dir, release_dir, tmp_path):
+    state = tmp_path / "device"
+    x = sample_inputs(6)
+    with boot(trust_dir, release_dir, state) as device:
+        np.testing.assert_array_equal(device.predict(x), _direct(make_onnx_model(), x))
+        assert device.model_file == MODEL_FILE and device.release.version == 3
+        # PCR 16 = runtime code, PCR 23 = release root digest, each extended once after reset
+        root = device.release.root_digest
+        pcrs = device.tee.read([16, 23])
+        assert pcrs[16].hex() == pcr_after([measure_device_runtime()])
+        assert pcrs[23] == hashlib.sha256(b"\0" * 32 + bytes.fromhex(root)).digest()
+        quote = device.attest(b"\x07" * 32)
+        verify_quote(quote, device.tee.ak_public_key(), b"\x07" * 32, {23: pcrs[23].hex()})
+    recorded = read_device_state(state)["last_good"]
+    assert recorded == {"name": "heart-mlp", "version": 3, "root_digest": root,
+                        "release_dir": str(release_dir.resolve()), "model_file": MODEL_FILE}
+
+
+def test_tampered_new_release_refused_and_last_good_served(trust_dir, release_dir, enclave, tmp_path):
+    state = tmp_path / "device"
+    boot(trust_dir, release_dir, state).close()
+    before = (state / "state.json").read_bytes()
+
+    new_model = make_onnx_model(weights=np.array([[1.0], [1.0], [1.0], [1.0]], dtype=np.float32))
+    new_dir = tmp_path / "release-v4"
+    enclave.write_release(new_dir, {**default_payload(), MODEL_FILE: new_model}, "heart-mlp", 4,
+                          {"model_file": MODEL_FILE})
+    data = bytearray((new_dir / MODEL_FILE).read_bytes())
+    data[-3] ^= 0x10
+    (new_dir / MODEL_FILE).write_bytes(bytes(data))
+
+    with pytest.raises(BootError) as info:
+        boot(trust_dir, new_dir, state)
+    err = info.value
+    assert (err.reason, err.file, err.check) == ("verification", MODEL_FILE, "hash")
+    assert MODEL_FILE in str(err) and "hash" in str(err)
+    assert (state / "state.json").read_bytes() == before
+    assert json.loads(before)["last_good"]["release_dir"] == str(release_dir.resolve())
+
+    x = sample_inputs(3)
+    with boot_last_good(trust_dir, state) as device:
+        assert device.release.version == 3
+        np.testing.assert_array_equal(device.predict(x), _direct(make_onnx_model(), x))
+
+
+def test_newer_release_updates_state_and_rollback_is_refused(trust_dir, release_dir, enclave, tmp_path):
+    state = tmp_path / "device"
+    v5 = tmp_path / "release-v5"
+    enclave.write_release(v5, default_payload(), "heart-mlp", 5, {"model_file": MODEL_FILE})
+    boot(trust_dir, v5, state).close()
+    assert read_device_state(state)["last_good"]["version"] == 5
+    with pytest.raises(BootError) as info:
+        boot(trust_dir, release_dir, state)  # v3 after v5
+    assert (info.value.file, info.value.check) == ("manifest.json", "rollback")
+    assert read_device_state(state)["last_good"]["version"] == 5
+
+
+def test_boot_last_good_detects_replaced_directory(trust_dir, release_dir, enclave, tmp_path):
+    state = tmp_path / "device"
+    boot(trust_dir, release_dir, state).close()
+    # replace the recorded dir's content with another validly signed release of the same version
+    for child in release_dir.iterdir():
+        child.unlink()
+    release_dir.rmdir()
+    enclave.write_release(release_dir, {MODEL_FILE: make_onnx_model(bias=np.array([1.0], np.float32))},
+                          "heart-mlp", 3)
+    with pytest.raises(BootError, match="replaced"):
+        boot_last_good(trust_dir, state)
+
+
+def test_boot_last_good_without_state(trust_dir, tmp_path):
+    with pytest.raises(BootError) as info:
+        boot_last_good(trust_dir, tmp_path / "fresh-device")
+    assert info.value.reason == "state"
+
+
+def test_unloadable_model_is_refused_without_recording(trust_dir, enclave, tmp_path):
+    bad = tmp_path / "release-bad"
+    enclave.write_release(bad, {"model.onnx": b"this is not onnx"}, "heart-mlp", 9)  # validly signed
+    with pytest.raises(BootError) as info:
+        boot(trust_dir, bad, tmp_path / "device")
+    assert info.value.reason == "runtime"
+    assert read_device_state(tmp_path / "device") is None
+
+
+def test_verify_dir(trust_dir, release_dir):
+    verified = verify_dir(trust_dir, release_dir)
+    assert "heart-mlp v3" in describe(verified) and "INSECURE" in describe(verified)
+    (release_dir / "extra.bin").write_bytes(b"x")
+    with pytest.raises(Exception) as info:
+        verify_dir(trust_dir, release_dir)
+    assert "'extra.bin'" in str(info.value) and "'extra-file'" in str(info.value)

@@ -1,0 +1,109 @@
+"""SandboxedRuntime: same outputs as a direct onnxruntime run, in another process, fails fast."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from conftest_release import make_onnx_model, sample_inputs
+
+from sealfl.enclave.errors import RuntimeSandboxError
+from sealfl.enclave.runtime import SandboxedRuntime
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie still answers kill(0); look at its state
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_outputs_equal_direct_onnxruntime_and_child_is_separate():
+    model = make_onnx_model()
+    x = sample_inputs(7)
+    expected = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    with SandboxedRuntime(model) as rt:
+        assert rt.pid != os.getpid()
+        assert rt.input_names == ["x"] and rt.output_names == ["y"]
+        outputs = rt.run({"x": x})
+        assert len(outputs) == len(expected)
+        np.testing.assert_array_equal(outputs[0], expected[0])
+        assert outputs[0].dtype == np.float32 and outputs[0].shape == (7, 1)
+        health = rt.health_check()
+        assert health["ok"] and health["pid"] == rt.pid
+        pid = rt.pid
+    assert not _pid_alive(pid)
+
+
+def test_child_environment_is_minimal_and_has_no_forbidden_imports():
+    with SandboxedRuntime(make_onnx_model()) as rt:
+        with open(f"/proc/{rt.pid}/environ", "rb") as fh:
+            env = dict(item.split(b"=", 1) for item in fh.read().split(b"\0") if item)
+        assert set(env) <= {b"PATH", b"LC_ALL", b"OMP_NUM_THREADS", b"OPENBLAS_NUM_THREADS", b"MKL_NUM_THREADS"}
+        with open(f"/proc/{rt.pid}/cmdline", "rb") as fh:
+            cmdline = fh.read().split(b"\0")
+        assert b"-I" in cmdline and not any(b".onnx" in part for part in cmdline)  # bytes, not a path
+        with open(f"/proc/{rt.pid}/limits") as fh:
+            limits = fh.read()
+        assert "Max address space" in limits and "unlimited" not in limits.split("Max address space")[1].split("\n")[0]
+
+
+def test_corrupt_model_raises_quickly_not_hang():
+    model = make_onnx_model()
+    start = time.monotonic()
+    with pytest.raises(RuntimeSandboxError, match="could not load the model"):
+        SandboxedRuntime(model[: len(model) // 2] + b"\xff" * 16, start_timeout_s=30)
+    assert time.monotonic() - start < 20
+
+
+def test_inference_error_comes_back_with_child_message_and_runtime_survives():
+    with SandboxedRuntime(make_onnx_model()) as rt:
+        with pytest.raises(RuntimeSandboxError, match="(?i)invalid|dimension"):
+            rt.run({"x": np.zeros((2, 9), dtype=np.float32)})
+        with pytest.raises(RuntimeSandboxError, match="unknown model inputs"):
+            rt.run({"nope": np.zeros((1, 4), dtype=np.float32)})
+        assert rt.run({"x": sample_inputs(1)})[0].shape == (1, 1)
+
+
+def test_memory_limit_is_enforced():
+    with pytest.raises(RuntimeSandboxError, match="could not load the model"):
+        SandboxedRuntime(make_onnx_model(), memory_limit_bytes=32 * 1024**2, start_timeout_s=30)
+
+
+def test_close_kills_child_and_later_calls_fail():
+    rt = SandboxedRuntime(make_onnx_model())
+    pid = rt.pid
+    rt.close()
+    rt.close()  # idempotent
+    assert not _pid_alive(pid)
+    with pytest.raises(RuntimeSandboxError, match="closed"):
+        rt.run({"x": sample_inputs(1)})
+
+
+def test_crashed_child_reported():
+    rt = SandboxedRuntime(make_onnx_model())
+    os.kill(rt.pid, 9)
+    with pytest.raises(RuntimeSandboxError, match="exit"):
+        rt.health_check()
+    rt.close()
+
+
+def test_unresponsive_child_times_out_and_is_killed():
+    import signal
+
+    rt = SandboxedRuntime(make_onnx_model(), timeout_s=0.5)
+    os.kill(rt.pid, signal.SIGSTOP)  # the child hangs
+    start = time.monotonic()
+    with pytest.raises(RuntimeSandboxError, match="did not answer"):
+        rt.run({"x": sample_inputs(2)})
+    assert time.monotonic() - start < 5
+    assert not _pid_alive(rt.pid)
+    rt.close()
