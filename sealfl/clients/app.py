@@ -84,6 +84,14 @@ def _train_config(cfg: ConfigRecord) -> TrainConfig:
     )
 
 
+def _open_round(msg: Message, context: Context, consortium_dir: str | None):
+    """Common start of train/evaluate: kit, partner name, config, local data, decrypted global model."""
+    kit, name = _resolve(context, consortium_dir)
+    cfg = msg.content[P.CONFIG]
+    part = load_partition(name, seed=int(cfg.get("data-seed", 42)))
+    return kit, name, cfg, part, decode_global(msg.content[P.GLOBAL], kit, TASK.n_params)
+
+
 def handle_query(msg: Message, context: Context, consortium_dir: str | None = None) -> Message:
     """``query`` handler: reply E([n, Σx, Σx²]) of the local training split."""
     kit, name = _resolve(context, consortium_dir)
@@ -102,10 +110,7 @@ def handle_query(msg: Message, context: Context, consortium_dir: str | None = No
 
 def handle_train(msg: Message, context: Context, consortium_dir: str | None = None) -> Message:
     """``train`` handler: decrypt the global model, train, reply E(n · w_local) and n."""
-    kit, name = _resolve(context, consortium_dir)
-    cfg = msg.content[P.CONFIG]
-    part = load_partition(name, seed=int(cfg.get("data-seed", 42)))
-    params, mean, std = decode_global(msg.content[P.GLOBAL], kit, TASK.n_params)
+    kit, name, cfg, part, (params, mean, std) = _open_round(msg, context, consortium_dir)
     tc = _train_config(cfg)
     rnd = int(cfg.get("server-round", 0))
     new, metrics = TASK.train(params, part.x_train, part.y_train, mean, std, tc, tc.seed + 1000 * rnd + kit.index)
@@ -122,10 +127,7 @@ def handle_train(msg: Message, context: Context, consortium_dir: str | None = No
 
 def handle_evaluate(msg: Message, context: Context, consortium_dir: str | None = None) -> Message:
     """``evaluate`` handler: decrypt the global model, reply local test metrics."""
-    kit, name = _resolve(context, consortium_dir)
-    cfg = msg.content[P.CONFIG]
-    part = load_partition(name, seed=int(cfg.get("data-seed", 42)))
-    params, mean, std = decode_global(msg.content[P.GLOBAL], kit, TASK.n_params)
+    kit, name, cfg, part, (params, mean, std) = _open_round(msg, context, consortium_dir)
     m = TASK.evaluate(params, part.x_test, part.y_test, mean, std)
     content = RecordDict({
         P.METRICS: MetricRecord({

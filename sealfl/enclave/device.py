@@ -39,7 +39,7 @@ from sealfl.attestation.release import (
 )
 
 from . import measure as _measure
-from ._fsutil import atomic_write, ensure_private_dir
+from sealfl.common.fsutil import atomic_write, ensure_private_dir
 from .errors import BootError, EnclaveError, RuntimeSandboxError
 from .runtime import SandboxedRuntime
 from .tee import TEE, create_tee, load_tee

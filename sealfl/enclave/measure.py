@@ -46,7 +46,7 @@ RELEASE_ENCLAVE_PCR = 16
 DEVICE_RUNTIME_PCR = 16
 DEVICE_RELEASE_PCR = 23
 
-ATTESTATION_MODULES: tuple[str, ...] = ("sealfl.common.errors",) + tuple(
+ATTESTATION_MODULES: tuple[str, ...] = ("sealfl.common.errors", "sealfl.common.fsutil") + tuple(
     f"sealfl.attestation.{m}"
     for m in ("__init__", "bundle", "canonical", "dsse", "errors", "keys", "manifest",
               "quote", "release", "statement", "trust")
@@ -55,11 +55,11 @@ ATTESTATION_MODULES: tuple[str, ...] = ("sealfl.common.errors",) + tuple(
 #: (``keyholder`` reads the sealed CKKS secret, so it is part of what the seal protects).
 RELEASE_ENCLAVE_MODULES: tuple[str, ...] = ATTESTATION_MODULES + tuple(
     f"sealfl.enclave.{m}"
-    for m in ("__init__", "_fsutil", "errors", "keyholder", "measure", "release_enclave", "sim", "tee")
+    for m in ("__init__", "errors", "keyholder", "measure", "release_enclave", "sim", "tee")
 )
 DEVICE_RUNTIME_MODULES: tuple[str, ...] = ATTESTATION_MODULES + tuple(
     f"sealfl.enclave.{m}"
-    for m in ("__init__", "_fsutil", "device", "errors", "measure", "runtime",
+    for m in ("__init__", "device", "errors", "measure", "runtime",
               "runtime_child", "sim", "tee")
 )
 

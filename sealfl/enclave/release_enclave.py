@@ -36,7 +36,7 @@ from sealfl.attestation.release import TrustAnchors, verify_release
 from sealfl.attestation.trust import write_trust_anchors
 
 from . import measure as _measure
-from ._fsutil import atomic_write, ensure_private_dir
+from sealfl.common.fsutil import atomic_write, ensure_private_dir
 from .errors import EnclaveError, ReleaseWriteError, SecretNotFoundError, TEEStateError, UnsealError
 from .tee import TEE, create_tee, load_tee
 

@@ -41,7 +41,7 @@ from sealfl.attestation.errors import AttestationError
 from sealfl.attestation.quote import DIGEST_SIZE, NUM_PCRS, ZERO_PCR, make_quote
 from sealfl.attestation.quote import extend as _extend
 
-from ._fsutil import atomic_write, check_private_file, ensure_private_dir
+from sealfl.common.fsutil import atomic_write, check_private_file, ensure_private_dir
 from .errors import TEEError, TEEStateError, UnsealError
 from .tee import TEE
 

@@ -15,29 +15,13 @@ Nothing here is secret: the aggregator only ever holds ciphertexts.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temp file in the same directory + ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+from sealfl.common.fsutil import atomic_write
 
 
 class RoundLog:
@@ -54,7 +38,7 @@ class RoundLog:
     def set_status(self, **kw: Any) -> None:
         """Update and atomically rewrite ``status.json``."""
         self.status.update(kw)
-        atomic_write(self.dir / "status.json", json.dumps(self.status, indent=2).encode())
+        atomic_write(self.dir / "status.json", json.dumps(self.status, indent=2).encode(), 0o644)
 
     def note(self, **kw: Any) -> None:
         """Add fields to the record of the round in progress."""
@@ -82,7 +66,8 @@ def save_checkpoint(campaign_dir: str | Path, server_round: int, model_ct: bytes
     np.savez(buf, model_ct=np.frombuffer(model_ct, np.uint8), model_weight=np.array([model_weight], np.float64),
              stats_ct=np.frombuffer(stats_ct, np.uint8), round=np.array([server_round], np.int64))
     path = Path(campaign_dir) / "checkpoint" / "global.npz"
-    atomic_write(path, buf.getvalue())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, buf.getvalue(), 0o644)
     return path
 
 

@@ -46,13 +46,14 @@ class EncryptedFedAvg(FedAvg):
         n_params: length of the flat model vector.
         min_partners: fewest valid updates a round may aggregate.
         round_log: where round records and checkpoints go (optional).
-        shards: Ray tasks for summation of large models.
+        shards: Ray tasks for summation of large models (1 = in-process; on 2 cores the
+            2-task Ray sum was slower than in-process at every size in bench/he_bench.py).
     Raises:
         SecretKeyPresentError: ``codec`` holds a secret key.
     """
 
     def __init__(self, codec: CKKSCodec, n_params: int, *, min_partners: int = 2, num_partners: int = 2,
-                 round_log: RoundLog | None = None, shards: int = 2):
+                 round_log: RoundLog | None = None, shards: int = 1):
         if codec.has_secret_key:
             raise SecretKeyPresentError("the aggregator's CKKS context holds a secret key; give it the public context")
         super().__init__(

@@ -1,4 +1,6 @@
-"""Small file-system helpers for enclave state: atomic writes with explicit modes."""
+"""Small file-system helpers: atomic writes with explicit modes, private directories.
+
+Used by the enclave (key and TEE state) and the aggregator (round log, checkpoints)."""
 
 from __future__ import annotations
 
