@@ -87,3 +87,15 @@ def test_too_few_valid_partners_fails_clearly(consortium, tmp_path):
     with pytest.raises(CampaignError, match="min_partners=3"):
         run_campaign(CampaignSpec(str(consortium.dir), str(tmp_path / "camp"), rounds=1, min_partners=3),
                      client_app=app)
+
+
+def test_campaign_joins_a_running_ray(consortium, tmp_path):
+    import ray
+
+    ctx = ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        res = run_campaign(CampaignSpec(str(consortium.dir), str(tmp_path / "camp"), rounds=1))
+        assert res.status["status"] == "finished"
+        assert res.ray == {"gcs_address": ctx.address_info["gcs_address"], "started_here": False}
+    finally:
+        ray.shutdown()

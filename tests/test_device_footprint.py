@@ -23,5 +23,5 @@ def test_device_path_imports_no_training_stack():
 def test_cli_help_lists_every_persona():
     out = subprocess.run([sys.executable, "-m", "sealfl.platform.cli", "--help"], capture_output=True, text=True,
                          timeout=120, check=True).stdout
-    for cmd in ("consortium", "campaign", "release", "device", "verify", "demo"):
+    for cmd in ("consortium", "campaign", "release", "partner", "device", "verify", "demo"):
         assert cmd in out

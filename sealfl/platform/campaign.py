@@ -62,12 +62,15 @@ class CampaignSpec:
 
 @dataclass
 class CampaignResult:
-    """What a finished campaign left in ``out_dir``: its status and per-round records."""
+    """What a finished campaign left in ``out_dir``: its status and per-round records, and
+    which Ray ran it (``{"gcs_address", "started_here"}``; Flower's simulation engine
+    disconnects from Ray when the run ends)."""
 
     out_dir: Path
     status: dict
     rounds: list[dict]
     seconds: float
+    ray: dict = field(default_factory=dict)
 
 
 def _ray_init(address: str | None) -> bool:
@@ -82,7 +85,10 @@ def _ray_init(address: str | None) -> bool:
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
         return False
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # no GPUs here; silences Ray's tip
-    ray.init(include_dashboard=False, log_to_driver=False, ignore_reinit_error=True, logging_level=logging.WARNING,
+    # address="local": always a new embedded Ray; without it ray.init() silently joins any
+    # Ray cluster already running on this machine (and dies with it)
+    ray.init(address="local", include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
+             logging_level=logging.WARNING,
              runtime_env={"env_vars": {"PYTHONWARNINGS": "ignore"}})
     return True
 
@@ -125,6 +131,7 @@ def run_campaign(spec: CampaignSpec, on_round: Callable[[dict], None] | None = N
     )
     cfg.save(out / "server_config.json")
     started_ray = _ray_init(spec.ray_address)
+    ray_info = {"gcs_address": ray.get_runtime_context().gcs_address, "started_here": started_ray}
     stop = threading.Event()
     watcher = threading.Thread(target=_watch, args=(out, on_round, stop), daemon=True) if on_round else None
     if watcher:
@@ -152,7 +159,7 @@ def run_campaign(spec: CampaignSpec, on_round: Callable[[dict], None] | None = N
     if status.get("status") != "finished":
         raise CampaignError(
             f"campaign in {out} did not finish: {status.get('error') or failure or status.get('status')}") from failure
-    return CampaignResult(out, status, RoundLog(out, spec.rounds).rounds(), seconds)
+    return CampaignResult(out, status, RoundLog(out, spec.rounds).rounds(), seconds, ray_info)
 
 
 class _DropDeprecation(logging.Filter):

@@ -24,10 +24,13 @@ consortium_app = typer.Typer(help="Coordinator: create a consortium (CKKS key ce
                              no_args_is_help=True)
 campaign_app = typer.Typer(help="Coordinator: run encrypted FedAvg campaigns on Ray.", no_args_is_help=True)
 release_app = typer.Typer(help="Coordinator: build, gate, sign and attest a release.", no_args_is_help=True)
+partner_app = typer.Typer(help="Partner: check a startup kit and the local data before joining a campaign.",
+                          no_args_is_help=True)
 device_app = typer.Typer(help="Device: verify and boot a release in the sandboxed runtime.", no_args_is_help=True)
 app.add_typer(consortium_app, name="consortium")
 app.add_typer(campaign_app, name="campaign")
 app.add_typer(release_app, name="release")
+app.add_typer(partner_app, name="partner")
 app.add_typer(device_app, name="device")
 
 console = Console()
@@ -108,6 +111,30 @@ def campaign_run(
     last = res.rounds[-1]
     console.print(f"campaign finished: {len(res.rounds)} rounds in {res.seconds:.1f} s, pooled test accuracy "
                   f"{last['pooled_test_accuracy']:.3f}; checkpoint in {out / 'checkpoint'}")
+
+
+# ---- partner ---------------------------------------------------------------------------
+@partner_app.command("check")
+def partner_check(
+    kit: Path = typer.Argument(..., help="The partner's startup kit directory (consortium/partners/<name>)."),
+) -> None:
+    """Unwrap the kit's CKKS secret with the partner key, round-trip a test ciphertext, and
+    load the partner's own data split. Nothing leaves this machine."""
+    import numpy as np
+
+    from sealfl.clients.data import load_partition
+    from sealfl.clients.kit import load_kit
+
+    try:
+        k = load_kit(str(kit))
+        probe = np.array([1.25, -2.5, 3.0])
+        err_max = float(np.max(np.abs(k.codec.decrypt(k.codec.encrypt(probe)) - probe)))
+        part = load_partition(k.partner)
+    except SealflError as exc:
+        fail(str(exc))
+    console.print(f"partner [bold]{k.partner}[/] of consortium {k.consortium}: CKKS secret unwrapped "
+                  f"(context {k.codec.context_id.hex()[:16]}…, round-trip error {err_max:.1e}); "
+                  f"data: {part.n_train} training rows, {len(part.y_test)} test rows")
 
 
 # ---- release ---------------------------------------------------------------------------
