@@ -2,7 +2,9 @@
 
 Handlers:
 
-- ``query`` (``{"query": "stats"}``): encrypt ``[n, Σx, Σx²]`` of the local training split.
+- ``query`` (``{"query": "stats"}``): encrypt ``[n, Σx, Σx²]`` of the local training split;
+  (``{"query": "evaluate-onnx"}``): score candidate release models on the local test
+  split and reply ``{correct, n}`` counts only.
 - ``train``: decrypt the global model (key holder), train locally, reply with
   E(n · w_local) only -- no plaintext weights leave the partner.
 - ``evaluate``: decrypt the global model, evaluate on the local test split, reply with
@@ -30,6 +32,7 @@ from sealfl.common.errors import CiphertextError
 from .data import load_partition
 from .errors import ClientError
 from .kit import PartnerKit, kit_dir, load_kit
+from .onnx_eval import evaluate_onnx
 from .stats import local_sums, mean_std
 from .task import HeartTask, TrainConfig
 
@@ -96,6 +99,8 @@ def handle_query(msg: Message, context: Context, consortium_dir: str | None = No
     """``query`` handler: reply E([n, Σx, Σx²]) of the local training split."""
     kit, name = _resolve(context, consortium_dir)
     what = msg.content[P.CONFIG].get("query", "")
+    if what == P.QUERY_EVAL_ONNX:
+        return _evaluate_candidates(msg, name)
     if what != P.QUERY_STATS:
         raise ClientError(f"unknown query {what!r}")
     part = load_partition(name, seed=int(msg.content[P.CONFIG].get("data-seed", 42)))
@@ -135,6 +140,17 @@ def handle_evaluate(msg: Message, context: Context, consortium_dir: str | None =
         }),
         P.PARTNER: ConfigRecord({"name": name}),
     })
+    return Message(content=content, reply_to=msg)
+
+
+def _evaluate_candidates(msg: Message, name: str) -> Message:
+    """Score each candidate ONNX model on this partner's test split; reply counts only."""
+    metrics: dict[str, int] = {}
+    for cand, arr in msg.content[P.CANDIDATES].items():
+        r = evaluate_onnx(name, P.from_u8(arr.numpy()), seed=int(msg.content[P.CONFIG].get("data-seed", 42)))
+        metrics[f"{cand}.correct"] = r["correct"]
+        metrics[f"{cand}.n"] = r["n"]
+    content = RecordDict({P.METRICS: MetricRecord(metrics), P.PARTNER: ConfigRecord({"name": name})})
     return Message(content=content, reply_to=msg)
 
 

@@ -14,6 +14,9 @@ Partner -> server (train reply): ArrayRecord ``"update"`` with ``update_ct`` uin
 Server -> partner (query ``stats``): ConfigRecord ``"config"`` ``{"query": "stats"}``;
     reply ArrayRecord ``"stats"`` with ``stats_ct`` = E([n, Σx, Σx²]).
 
+Server -> partner (query ``evaluate-onnx``): ArrayRecord ``"candidates"`` (name -> ONNX
+    bytes as uint8); reply MetricRecord ``"metrics"`` with ``<name>.correct``, ``<name>.n``.
+
 FedAvg on weights equals FedAvg on deltas (w + Σ n_i Δ_i / N = Σ n_i w_i / N), and lets
 a partner that missed a round rejoin from the next aggregate without local state.
 """
@@ -30,6 +33,8 @@ PARTNER = "partner"
 CONFIG = "config"
 NUM_EXAMPLES = "num-examples"
 QUERY_STATS = "stats"
+QUERY_EVAL_ONNX = "evaluate-onnx"
+CANDIDATES = "candidates"
 
 
 def to_u8(blob: bytes) -> np.ndarray:

@@ -1,8 +1,7 @@
 """Campaigns: rounds of encrypted FedAvg run through Flower's simulation engine on Ray.
 
-Ray: an embedded local Ray by default; ``ray_address`` (or ``RAY_ADDRESS``) attaches to
-an existing cluster. Flower's Ray backend calls ``ray.init()`` only when Ray is not
-already running, so it joins the Ray we start here (../shared/NOTES.md).
+Ray: see :mod:`sealfl.platform.simulate` (embedded local Ray by default,
+``ray_address`` / ``RAY_ADDRESS`` attaches to an existing cluster).
 
 The aggregator writes everything to ``<out>/`` (see :mod:`sealfl.server.bookkeeping`);
 :func:`run_campaign` watches ``rounds.jsonl`` to report progress and raises
@@ -13,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,6 +24,7 @@ from sealfl.server.bookkeeping import RoundLog
 
 from .consortium import Consortium
 from .errors import CampaignError
+from .simulate import run_on_ray
 
 log = logging.getLogger(__name__)
 
@@ -73,26 +72,6 @@ class CampaignResult:
     ray: dict = field(default_factory=dict)
 
 
-def _ray_init(address: str | None) -> bool:
-    """Start or attach to Ray. Returns True if we started a local Ray (and must stop it)."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    address = address or os.environ.get("RAY_ADDRESS")
-    if address:
-        log.info("attaching to the Ray cluster at %s", address)
-        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
-        return False
-    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # no GPUs here; silences Ray's tip
-    # address="local": always a new embedded Ray; without it ray.init() silently joins any
-    # Ray cluster already running on this machine (and dies with it)
-    ray.init(address="local", include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
-             logging_level=logging.WARNING,
-             runtime_env={"env_vars": {"PYTHONWARNINGS": "ignore"}})
-    return True
-
-
 def run_campaign(spec: CampaignSpec, on_round: Callable[[dict], None] | None = None, client_app=None) -> CampaignResult:
     """Run a campaign to the end.
 
@@ -104,13 +83,6 @@ def run_campaign(spec: CampaignSpec, on_round: Callable[[dict], None] | None = N
         ConsortiumError: ``spec.consortium_dir`` is not a consortium.
         CampaignError: the aggregator recorded a failure (message says which and why).
     """
-    import ray
-    from flwr.simulation import run_simulation
-    from flwr.supercore.logger import update_console_handler
-
-    update_console_handler(level=spec.flower_log_level)
-    _hide_run_simulation_deprecation()
-
     from sealfl.clients.app import make_client_app
 
     cons = Consortium.load(spec.consortium_dir)
@@ -130,29 +102,20 @@ def run_campaign(spec: CampaignSpec, on_round: Callable[[dict], None] | None = N
         timeout_s=spec.timeout_s,
     )
     cfg.save(out / "server_config.json")
-    started_ray = _ray_init(spec.ray_address)
-    ray_info = {"gcs_address": ray.get_runtime_context().gcs_address, "started_here": started_ray}
     stop = threading.Event()
     watcher = threading.Thread(target=_watch, args=(out, on_round, stop), daemon=True) if on_round else None
     if watcher:
         watcher.start()
     t0 = time.perf_counter()
-    failure: BaseException | None = None
     try:
-        run_simulation(
-            server_app=make_server_app(cfg),
-            client_app=client_app or make_client_app(str(cons.dir.resolve())),
-            num_supernodes=n,
-            backend_config={"client_resources": {"num_cpus": spec.cpus_per_partner, "num_gpus": 0.0}},
-        )
-    except Exception as exc:  # run_simulation re-raises the ServerApp thread's error
-        failure = exc
+        ray_info, failure = run_on_ray(
+            make_server_app(cfg), client_app or make_client_app(str(cons.dir.resolve())), n,
+            ray_address=spec.ray_address, cpus_per_partner=spec.cpus_per_partner,
+            flower_log_level=spec.flower_log_level)
     finally:
         stop.set()
         if watcher:
             watcher.join(timeout=5)
-        if started_ray:
-            ray.shutdown()
     seconds = time.perf_counter() - t0
     status_path = out / "status.json"
     status = json.loads(status_path.read_text()) if status_path.exists() else {"status": "failed", "error": "the aggregator never started"}
@@ -160,21 +123,6 @@ def run_campaign(spec: CampaignSpec, on_round: Callable[[dict], None] | None = N
         raise CampaignError(
             f"campaign in {out} did not finish: {status.get('error') or failure or status.get('status')}") from failure
     return CampaignResult(out, status, RoundLog(out, spec.rounds).rounds(), seconds, ray_info)
-
-
-class _DropDeprecation(logging.Filter):
-    """Flower 1.42 warns that ``run_simulation`` is deprecated in favour of ``flwr run``;
-    we call it on purpose (SuperLink deployment is a separate path), so drop that one line."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "`run_simulation` function is deprecated" not in record.getMessage()
-
-
-def _hide_run_simulation_deprecation() -> None:
-    flwr_logger = logging.getLogger("flwr")
-    for h in flwr_logger.handlers:
-        if not any(isinstance(f, _DropDeprecation) for f in h.filters):
-            h.addFilter(_DropDeprecation())
 
 
 def _watch(out: Path, on_round: Callable[[dict], None], stop: threading.Event) -> None:

@@ -7,8 +7,9 @@ exports the device trust anchors (``<consortium>/trust``).
 
 Gate: the INT8 model's pooled test accuracy may be at most ``max_drop`` (default 0.01,
 one point) below the fp32 model's; otherwise :class:`ReleaseError` and nothing is
-written. Accuracies are pooled from per-partner ``{correct, n}`` counts
-(:func:`sealfl.clients.onnx_eval.evaluate_onnx`).
+written. Accuracies are pooled from per-partner ``{correct, n}`` counts that each
+partner computes on its own test split (:mod:`sealfl.platform.fedeval`, a Flower query
+round on Ray).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sealfl.clients.onnx_eval import evaluate_onnx
 from sealfl.clients.stats import mean_std
 from sealfl.clients.task import HeartTask
 from sealfl.enclave.keyholder import KeyHolder
@@ -27,6 +27,7 @@ from sealfl.server.bookkeeping import load_checkpoint
 
 from .consortium import Consortium
 from .errors import ReleaseError
+from .fedeval import federated_evaluate
 from .quantize import quantize_int8
 
 log = logging.getLogger(__name__)
@@ -68,15 +69,8 @@ class ReleaseResult:
     seconds: float
 
 
-def _pooled(cons: Consortium, model: bytes) -> dict:
-    per = {p: evaluate_onnx(p, model) for p in cons.partners}
-    correct = sum(v["correct"] for v in per.values())
-    n = sum(v["n"] for v in per.values())
-    return {"pooled": correct / max(n, 1), "correct": correct, "n": n, "per_partner": per}
-
-
 def release(consortium_dir: str | Path, campaign_dir: str | Path, out_dir: str | Path, *, version: int,
-            name: str = "heart-risk", max_drop: float = 0.01) -> ReleaseResult:
+            name: str = "heart-risk", max_drop: float = 0.01, ray_address: str | None = None) -> ReleaseResult:
     """Build, gate, sign and attest a release of the campaign's final global model.
 
     Raises:
@@ -96,7 +90,7 @@ def release(consortium_dir: str | Path, campaign_dir: str | Path, out_dir: str |
     mean, std = mean_std(keys.decrypt(ckpt["stats_ct"]))
     fp32 = task.to_onnx(params, mean, std)
     int8 = quantize_int8(fp32)
-    acc = {"fp32": _pooled(cons, fp32), "int8": _pooled(cons, int8)}
+    acc = federated_evaluate(cons, {"fp32": fp32, "int8": int8}, ray_address=ray_address)
     drop = acc["fp32"]["pooled"] - acc["int8"]["pooled"]
     log.info("release gate: fp32 %.4f, int8 %.4f (drop %.4f, allowed %.4f)",
              acc["fp32"]["pooled"], acc["int8"]["pooled"], drop, max_drop)

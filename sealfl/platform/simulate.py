@@ -1,0 +1,78 @@
+"""Run a Flower ServerApp + ClientApp pair through Flower's simulation engine on Ray.
+
+Ray: a new embedded local Ray by default (``address="local"``: without it ``ray.init()``
+silently joins any Ray already running on the machine); ``ray_address`` or
+``RAY_ADDRESS`` attaches to an existing cluster. Flower's Ray backend calls
+``ray.init()`` only when Ray is not already running, so it uses the Ray started here
+(../shared/NOTES.md), and it disconnects from Ray when the run ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+log = logging.getLogger(__name__)
+
+
+def _ray_init(address: str | None) -> bool:
+    """Start or attach to Ray. Returns True if we started a local Ray (and must stop it)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        log.info("attaching to the Ray cluster at %s", address)
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+        return False
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # no GPUs here; silences Ray's tip
+    # address="local": always a new embedded Ray; without it ray.init() silently joins any
+    # Ray cluster already running on this machine (and dies with it)
+    ray.init(address="local", include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
+             logging_level=logging.WARNING,
+             runtime_env={"env_vars": {"PYTHONWARNINGS": "ignore"}})
+    return True
+
+
+class _DropDeprecation(logging.Filter):
+    """Flower 1.42 warns that ``run_simulation`` is deprecated in favour of ``flwr run``;
+    we call it on purpose (SuperLink deployment is a separate path), so drop that one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "`run_simulation` function is deprecated" not in record.getMessage()
+
+
+def _hide_run_simulation_deprecation() -> None:
+    flwr_logger = logging.getLogger("flwr")
+    for h in flwr_logger.handlers:
+        if not any(isinstance(f, _DropDeprecation) for f in h.filters):
+            h.addFilter(_DropDeprecation())
+
+
+def run_on_ray(server_app, client_app, num_supernodes: int, *, ray_address: str | None = None,
+               cpus_per_partner: float = 1.0, flower_log_level: str = "WARNING") -> tuple[dict, BaseException | None]:
+    """Run one Flower app pair to completion.
+
+    Returns ``({"gcs_address", "started_here"}, the ServerApp's exception or None)``:
+    Flower re-raises the ServerApp thread's error; callers turn it into their own error
+    with the context they recorded on disk.
+    """
+    import ray
+    from flwr.simulation import run_simulation
+    from flwr.supercore.logger import update_console_handler
+
+    update_console_handler(level=flower_log_level)
+    _hide_run_simulation_deprecation()
+    started = _ray_init(ray_address)
+    info = {"gcs_address": ray.get_runtime_context().gcs_address, "started_here": started}
+    failure: BaseException | None = None
+    try:
+        run_simulation(server_app=server_app, client_app=client_app, num_supernodes=num_supernodes,
+                       backend_config={"client_resources": {"num_cpus": cpus_per_partner, "num_gpus": 0.0}})
+    except Exception as exc:  # run_simulation re-raises the ServerApp thread's error
+        failure = exc
+    finally:
+        if started:
+            ray.shutdown()
+    return info, failure
