@@ -183,3 +183,10 @@ def test_trust_dir_errors(tmp_path, trust_dir):
     (trust_dir / "policy.json").write_text(json.dumps(policy))
     with pytest.raises(TrustAnchorError, match="ak_keyid"):
         load_trust_anchors(trust_dir)
+
+
+def test_deeply_nested_json_is_a_verification_error_not_a_crash():
+    from sealfl.attestation.canonical import JSONFormatError, loads_strict
+
+    with pytest.raises(JSONFormatError, match="nested"):
+        loads_strict(b"[" * 100_000)

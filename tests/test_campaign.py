@@ -7,7 +7,7 @@ from sealfl.clients.data import HOSPITALS, load_partitions
 from sealfl.clients.task import HeartTask
 from sealfl.platform.campaign import CampaignSpec, run_campaign
 from sealfl.platform.consortium import create_consortium
-from sealfl.platform.errors import CampaignError
+from sealfl.platform.errors import CampaignError, SimulationError
 
 pytestmark = pytest.mark.slow
 
@@ -99,3 +99,22 @@ def test_campaign_joins_a_running_ray(consortium, tmp_path):
         assert res.ray == {"gcs_address": ctx.address_info["gcs_address"], "started_here": False}
     finally:
         ray.shutdown()
+
+
+def test_bad_settings_fail_before_ray_starts(consortium, tmp_path):
+    import time
+
+    t0 = time.perf_counter()
+    for kw, words in [({"min_partners": 9}, "min_partners=9"), ({"lr": float("nan")}, "learning rate"),
+                      ({"ray_address": "127.0.0.1:1"}, "cannot reach the Ray cluster")]:
+        with pytest.raises((CampaignError, SimulationError), match=words):
+            run_campaign(CampaignSpec(str(consortium.dir), str(tmp_path / "c"), rounds=1, **kw))
+    assert time.perf_counter() - t0 < 30  # no Ray start-up, no minutes of GCS retries
+
+
+def test_campaign_refuses_to_overwrite_a_campaign(consortium, tmp_path):
+    out = tmp_path / "camp"
+    out.mkdir()
+    (out / "status.json").write_text('{"status": "finished"}')
+    with pytest.raises(CampaignError, match="--overwrite"):
+        run_campaign(CampaignSpec(str(consortium.dir), str(out), rounds=1))

@@ -24,8 +24,10 @@ from sealfl.enclave.device import boot
 from sealfl.enclave.release_enclave import ReleaseEnclave
 from sealfl.platform.consortium import create_consortium
 from sealfl.platform.errors import ReleaseError
-from sealfl.platform.release import MODEL_FILE, enclave_dir, provision_release_enclave, release, trust_dir
-from sealfl.server.bookkeeping import save_checkpoint
+from sealfl.platform import release as release_mod
+from sealfl.platform.release import (MODEL_FILE, check_gate, enclave_dir, provision_release_enclave, release,
+                                     trust_dir)
+from sealfl.server.bookkeeping import RoundLog, save_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +45,7 @@ def built(tmp_path_factory):
     model_ct = codec.encrypt(params * weights.sum())
     stats_ct = codec.encrypt(sum(local_sums(p.x_train) for p in parts))
     save_checkpoint(root / "camp", 3, model_ct, float(weights.sum()), stats_ct)
+    RoundLog(root / "camp", 3).set_status(status="finished", round=3)  # as the aggregator leaves it
     res = release(cons.dir, root / "camp", root / "release", version=2)
     return {"root": root, "cons": cons, "params": params, "res": res, "x": x}
 
@@ -133,7 +136,76 @@ def test_device_outputs_equal_direct_onnxruntime(built, tmp_path):
     np.testing.assert_array_equal(np.asarray(on_device), direct)
 
 
-def test_gate_refuses_and_writes_nothing(built, tmp_path):
+@pytest.mark.parametrize("fp32, int8, allowed", [(0.80, 0.80, True), (0.80, 0.795, True), (0.80, 0.81, True),
+                                                    (0.80, 0.789, False), (0.80, 0.70, False)])
+def test_gate_allows_at_most_one_point(fp32, int8, allowed):
+    if allowed:
+        check_gate(fp32, int8, 0.01)
+    else:
+        with pytest.raises(ReleaseError, match="not releasing"):
+            check_gate(fp32, int8, 0.01)
+
+
+def test_refused_gate_writes_nothing(built, tmp_path, monkeypatch):
+    def worse_int8(cons, candidates, **kw):  # stands in for the partners' federated evaluation
+        return {"fp32": {"pooled": 0.80}, "int8": {"pooled": 0.70}}
+
+    monkeypatch.setattr(release_mod, "federated_evaluate", worse_int8)
     with pytest.raises(ReleaseError, match="not releasing"):
-        release(built["cons"].dir, built["root"] / "camp", tmp_path / "r2", version=3, max_drop=-1.0)
+        release(built["cons"].dir, built["root"] / "camp", tmp_path / "r2", version=3)
     assert not (tmp_path / "r2").exists()
+
+
+def test_release_refuses_unfinished_or_stale_campaigns(built, tmp_path):
+    camp = tmp_path / "camp"
+    shutil.copytree(built["root"] / "camp", camp)
+    RoundLog(camp, 3).set_status(status="failed", round=2, error="boom")
+    with pytest.raises(ReleaseError, match="not finished"):
+        release(built["cons"].dir, camp, tmp_path / "r", version=3)
+    RoundLog(camp, 5).set_status(status="finished", round=5)  # checkpoint says round 3
+    with pytest.raises(ReleaseError, match="stale"):
+        release(built["cons"].dir, camp, tmp_path / "r", version=3)
+    with pytest.raises(ReleaseError, match="not a campaign"):
+        release(built["cons"].dir, tmp_path / "nothing", tmp_path / "r", version=3)
+    assert not (tmp_path / "r").exists()
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "sealfl.platform.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_device_boot_cli_keeps_last_good_and_exits_3(built, tmp_path):
+    trust, good, state = trust_dir(built["cons"]), built["root"] / "release", tmp_path / "state"
+    part = load_partitions()[0]
+    rows = tmp_path / "rows.csv"
+    rows.write_text("age,sex,trestbps,chol,fbs,thalch,exang,oldpeak,cp1,cp2,cp3,r1,r2\n"
+                    + "\n".join(",".join(f"{v:g}" for v in r) for r in part.x_test[:5]))
+    r = _cli("device", "boot", "-t", trust, "-r", good, "-s", state, "--input", rows)
+    assert r.returncode == 0, r.stderr
+    got = [float(v) for v in r.stdout.split()[-5:]]
+    want = ort.InferenceSession((good / MODEL_FILE).read_bytes()).run(None, {"features": part.x_test[:5]})[0]
+    np.testing.assert_allclose(got, want.reshape(-1), atol=5e-5)
+
+    bad = _copy(built, tmp_path)
+    _flip_onnx(bad, built)
+    r = _cli("device", "boot", "-t", trust, "-r", bad, "-s", state)
+    assert r.returncode == 3
+    assert "kept the last good release v2" in " ".join(r.stderr.split())
+    last_good = json.loads((state / "state.json").read_text())["last_good"]
+    assert last_good["root_digest"] == built["res"].summary["root_digest"]
+
+
+@pytest.mark.parametrize("content, words", [
+    ("1,2,3\n", "3 columns"),
+    (",".join(["1"] * 12 + ["nan"]) + "\n", "NaN"),
+    ("age\n" + ",".join(["1"] * 13) + "\nx," + ",".join(["1"] * 12) + "\n", "non-numeric"),
+    ("", "no data rows"),
+])
+def test_device_boot_cli_rejects_bad_input_rows(built, tmp_path, content, words):
+    f = tmp_path / "in.csv"
+    f.write_text(content)
+    r = _cli("device", "boot", "-t", trust_dir(built["cons"]), "-r", built["root"] / "release",
+             "-s", tmp_path / "s", "--input", f)
+    assert r.returncode == 1
+    assert words in " ".join(r.stderr.split()) and "Traceback" not in r.stderr

@@ -27,7 +27,7 @@ def test_encrypted_scaling_equals_pooled_numpy():
 
 
 def test_kits_unwrap_with_own_key_only(tmp_path):
-    cons, codec = create_consortium(tmp_path / "c", "t", ["A", "B"])
+    cons, codec = create_consortium(tmp_path / "c", "t", ["A", "B"], task="other")
     kit = load_kit(str(kit_dir(cons.dir, "A")))
     assert kit.codec.has_secret_key and kit.partner == "A"
     blob = codec.encrypt(np.array([1.5, -2.0]))
@@ -39,4 +39,15 @@ def test_kits_unwrap_with_own_key_only(tmp_path):
         load_kit(str(a) + "/")  # a new cache key
     assert (a / "partner_key.pem").stat().st_mode & 0o077 == 0
     with pytest.raises(ConsortiumError):
-        create_consortium(tmp_path / "c", "t", ["A", "B"])
+        create_consortium(tmp_path / "c", "t", ["A", "B"], task="other")
+
+
+def test_consortium_refuses_colliding_or_unknown_partners(tmp_path):
+    with pytest.raises(ConsortiumError, match="distinct directory names"):
+        create_consortium(tmp_path / "a", "t", ["Foo Bar", "foo-bar"], task="other")
+    with pytest.raises(ConsortiumError, match="FLamby hospitals"):
+        create_consortium(tmp_path / "b", "t", ["Cleveland", "Bob"])
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "notes.txt").write_text("x")
+    with pytest.raises(ConsortiumError, match="not an empty directory"):
+        create_consortium(tmp_path / "c", "t", ["Cleveland", "Hungary"])

@@ -65,8 +65,8 @@ def loads_strict(data: bytes) -> dict[str, Any]:
         the parsed top-level ``dict``.
 
     Raises:
-        JSONFormatError: invalid UTF-8, invalid JSON, duplicate keys, NaN/Infinity,
-            or a top-level value that is not an object.
+        JSONFormatError: invalid UTF-8, invalid JSON, nesting too deep, duplicate keys,
+            NaN/Infinity, or a top-level value that is not an object.
     """
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise JSONFormatError(f"expected bytes, got {type(data).__name__}")
@@ -80,6 +80,8 @@ def loads_strict(data: bytes) -> dict[str, Any]:
         raise
     except ValueError as exc:
         raise JSONFormatError(f"not valid JSON: {exc}") from exc
+    except RecursionError as exc:  # e.g. 100k nested '[': json's C decoder recurses
+        raise JSONFormatError("JSON nested too deeply") from exc
     if not isinstance(obj, dict):
         raise JSONFormatError(f"top-level JSON value must be an object, got {type(obj).__name__}")
     return obj

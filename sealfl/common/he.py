@@ -3,7 +3,7 @@
 A model update is a 1-D float64 vector. It is split into chunks of ``slots`` values
 (``poly_modulus_degree / 2``, one CKKS ciphertext each), encrypted, and framed into one
 byte string so Flower can carry it as a uint8 ``Array`` (Flower chunks only ``Array``
-payloads; see ../shared/NOTES.md).
+payloads, in 5 MiB chunks, as of flwr 1.42).
 
 Frame layout (all integers little-endian)::
 

@@ -11,6 +11,7 @@ The aggregator writes everything to ``<out>/`` (see :mod:`sealfl.server.bookkeep
 from __future__ import annotations
 
 import json
+import math
 import logging
 import threading
 import time
@@ -41,6 +42,7 @@ class CampaignSpec:
         min_partners: fewest valid updates per round (default: all but one, at least 2).
         ray_address: attach to this Ray cluster (``None``: ``RAY_ADDRESS`` or a local Ray).
         cpus_per_partner: Ray CPUs reserved per simulated SuperNode.
+        overwrite: replace an earlier campaign in ``out_dir`` (else refuse).
         flower_log_level: level of Flower's console handler (its INFO is chatty).
     """
 
@@ -55,6 +57,7 @@ class CampaignSpec:
     ray_address: str | None = None
     cpus_per_partner: float = 1.0
     timeout_s: float = 600.0
+    overwrite: bool = False
     flower_log_level: str = "WARNING"
     extra: dict = field(default_factory=dict)
 
@@ -72,6 +75,16 @@ class CampaignResult:
     ray: dict = field(default_factory=dict)
 
 
+def check_spec(spec: CampaignSpec, num_partners: int, min_partners: int) -> None:
+    """Refuse settings that cannot work, before Ray starts. Raises CampaignError."""
+    if not 1 <= min_partners <= num_partners:
+        raise CampaignError(f"min_partners={min_partners} but the consortium has {num_partners} partners")
+    if spec.rounds < 1 or spec.local_epochs < 1 or spec.batch_size < 1:
+        raise CampaignError("rounds, local epochs and batch size must be at least 1")
+    if not (math.isfinite(spec.lr) and spec.lr > 0):
+        raise CampaignError(f"learning rate must be a positive finite number, got {spec.lr}")
+
+
 def run_campaign(spec: CampaignSpec, on_round: Callable[[dict], None] | None = None, client_app=None) -> CampaignResult:
     """Run a campaign to the end.
 
@@ -81,18 +94,25 @@ def run_campaign(spec: CampaignSpec, on_round: Callable[[dict], None] | None = N
         client_app: a ClientApp to use instead of the partner app (tests inject faults).
     Raises:
         ConsortiumError: ``spec.consortium_dir`` is not a consortium.
-        CampaignError: the aggregator recorded a failure (message says which and why).
+        CampaignError: bad settings, ``out_dir`` holds an earlier campaign, or the
+            aggregator recorded a failure (message says which and why).
     """
     from sealfl.clients.app import make_client_app
 
     cons = Consortium.load(spec.consortium_dir)
     out = Path(spec.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in ("rounds.jsonl", "status.json"):
-        (out / stale).unlink(missing_ok=True)
     task = HeartTask()
     n = len(cons.partners)
     min_partners = spec.min_partners if spec.min_partners is not None else max(2, n - 1)
+    check_spec(spec, n, min_partners)
+    if out.exists() and not out.is_dir():
+        raise CampaignError(f"{out} is a file; give a directory for the campaign")
+    if (out / "status.json").exists() and not spec.overwrite:
+        raise CampaignError(f"{out} already holds a campaign (a release may have been built from it); "
+                            "choose a new --out or pass --overwrite")
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("rounds.jsonl", "status.json", "checkpoint/global.npz"):
+        (out / stale).unlink(missing_ok=True)
     cfg = ServerConfig(
         campaign_dir=str(out), public_context=str(cons.public_context), context_id=cons.context_id,
         ckks=cons.ckks.to_dict(), num_partners=n, min_partners=min_partners, num_rounds=spec.rounds,

@@ -79,7 +79,7 @@ def consortium_create(
     try:
         cons, codec = create_consortium(directory, name, list(partner or HOSPITALS))
         provision_release_enclave(cons, codec.secret_context_bytes())
-    except SealflError as exc:
+    except (SealflError, OSError) as exc:
         fail(str(exc))
     console.print(f"consortium [bold]{name}[/] in {directory}: partners {', '.join(cons.partners)}; "
                   f"device trust anchors in {trust_dir(cons)}")
@@ -92,8 +92,9 @@ def campaign_run(
     out: Path = typer.Option(..., "--out", "-o", help="Campaign directory (status, rounds.jsonl, checkpoint)."),
     rounds: int = typer.Option(10, min=1, help="Training rounds."),
     local_epochs: int = typer.Option(5, min=1, help="Local epochs per round."),
-    lr: float = typer.Option(0.05, help="Local SGD learning rate."),
-    min_partners: Optional[int] = typer.Option(None, help="Fewest valid updates per round (default: all but one)."),
+    lr: float = typer.Option(0.05, min=1e-9, help="Local SGD learning rate."),
+    min_partners: Optional[int] = typer.Option(None, min=1, help="Fewest valid updates per round (default: all but one)."),
+    overwrite: bool = typer.Option(False, help="Replace an earlier campaign in --out."),
     ray_address: Optional[str] = typer.Option(None, envvar="RAY_ADDRESS",
                                               help="Attach to this Ray cluster instead of a local Ray."),
 ) -> None:
@@ -102,11 +103,11 @@ def campaign_run(
     from .campaign import CampaignSpec
 
     spec = CampaignSpec(str(consortium), str(out), rounds=rounds, local_epochs=local_epochs, lr=lr,
-                        min_partners=min_partners, ray_address=ray_address,
+                        min_partners=min_partners, ray_address=ray_address, overwrite=overwrite,
                         flower_log_level="INFO" if VERBOSE["on"] else "WARNING")
     try:
         res = run_campaign_with_progress(spec, console)
-    except SealflError as exc:
+    except (SealflError, OSError) as exc:
         fail(str(exc))
     last = res.rounds[-1]
     console.print(f"campaign finished: {len(res.rounds)} rounds in {res.seconds:.1f} s, pooled test accuracy "
@@ -130,7 +131,7 @@ def partner_check(
         probe = np.array([1.25, -2.5, 3.0])
         err_max = float(np.max(np.abs(k.codec.decrypt(k.codec.encrypt(probe)) - probe)))
         part = load_partition(k.partner)
-    except SealflError as exc:
+    except (SealflError, OSError) as exc:
         fail(str(exc))
     console.print(f"partner [bold]{k.partner}[/] of consortium {k.consortium}: CKKS secret unwrapped "
                   f"(context {k.codec.context_id.hex()[:16]}…, round-trip error {err_max:.1e}); "
@@ -143,16 +144,19 @@ def release_build(
     consortium: Path = typer.Option(..., "--consortium", "-c", help="Consortium directory."),
     campaign: Path = typer.Option(..., "--campaign", help="Finished campaign directory."),
     out: Path = typer.Option(..., "--out", "-o", help="New release directory."),
-    version: int = typer.Option(..., min=0, help="Release version (devices refuse older ones)."),
-    max_drop: float = typer.Option(0.01, help="Largest allowed INT8 accuracy drop vs fp32 (0.01 = 1 point)."),
+    version: int = typer.Option(..., min=0, max=2**31 - 1, help="Release version (devices refuse older ones)."),
+    max_drop: float = typer.Option(0.01, min=0.0, max=1.0,
+                                   help="Largest allowed INT8 accuracy drop vs fp32 (0.01 = 1 point)."),
+    ray_address: Optional[str] = typer.Option(None, envvar="RAY_ADDRESS",
+                                              help="Ray cluster for the partners' evaluation of the candidates."),
 ) -> None:
     """Decrypt the final model in the release enclave, export ONNX, quantize to INT8, gate
     on accuracy, and write a signed, attested release."""
     from .release import release
 
     try:
-        res = release(consortium, campaign, out, version=version, max_drop=max_drop)
-    except SealflError as exc:
+        res = release(consortium, campaign, out, version=version, max_drop=max_drop, ray_address=ray_address)
+    except (SealflError, OSError) as exc:
         fail(str(exc))
     console.print(f"release v{version} in {out}: root digest {res.summary['root_digest']}; "
                   f"fp32 {res.accuracy['fp32']['pooled']:.3f}, INT8 {res.accuracy['int8']['pooled']:.3f}")
@@ -170,9 +174,39 @@ def verify(
 
     try:
         v = verify_dir(trust, release_dir)
-    except SealflError as exc:
+    except (SealflError, OSError) as exc:
         fail(str(exc))
     console.print(f"[green]OK[/] {v.name} v{v.version} root digest {v.root_digest}")
+
+
+EXIT_REFUSED_KEPT_LAST_GOOD = 3
+
+
+def read_feature_rows(path: Path, n_features: int):
+    """Rows of a CSV of raw features -> float32 (n, n_features). A first row that is not
+    numeric is taken as a header. Raises ValueError naming the row and the problem."""
+    import csv
+
+    import numpy as np
+
+    with open(path, newline="") as fh:
+        rows = [r for r in csv.reader(fh) if r and any(c.strip() for c in r)]
+    out = []
+    for i, row in enumerate(rows, start=1):
+        try:
+            vals = [float(c) for c in row]
+        except ValueError:
+            if i == 1:
+                continue  # header
+            raise ValueError(f"{path}: row {i} has a non-numeric value: {row}") from None
+        if len(vals) != n_features:
+            raise ValueError(f"{path}: row {i} has {len(vals)} columns, the model takes {n_features}")
+        if not all(np.isfinite(vals)):
+            raise ValueError(f"{path}: row {i} has a NaN or infinite value")
+        out.append(vals)
+    if not out:
+        raise ValueError(f"{path}: no data rows")
+    return np.asarray(out, dtype=np.float32)
 
 
 @device_app.command("boot")
@@ -180,30 +214,46 @@ def device_boot(
     release_dir: Path = typer.Option(..., "--release", "-r", help="Release directory to boot."),
     trust: Path = typer.Option(..., "--trust", "-t", help="Pinned trust anchors directory."),
     state: Path = typer.Option(..., "--state", "-s", help="Device state directory (TEE, last good release)."),
-    features_csv: Optional[Path] = typer.Option(None, "--input", help="CSV of raw features (13 columns) to score."),
+    features_csv: Optional[Path] = typer.Option(
+        None, "--input", help="CSV of raw feature rows to score (heart model: 13 columns age, sex(1=male), trestbps, "
+        "chol, fbs, thalch, exang, oldpeak, cp=atypical angina, cp=non-anginal, cp=typical angina, "
+        "restecg=normal, restecg=st-t abnormality; an optional header row). Prints one probability per row."),
 ) -> None:
-    """Measure, verify and boot a release into the sandboxed runtime; if it is refused, keep
-    the last good release. Optionally score a CSV of feature rows."""
-    import numpy as np
-
+    """Measure, verify and boot a release into the sandboxed runtime. If it is refused, boot
+    the last good release instead and exit 3 (0 = the new release runs; 1/2 = nothing runs).
+    Optionally score a CSV of feature rows."""
     from sealfl.enclave.device import boot, boot_last_good
     from sealfl.enclave.errors import BootError
 
+    rel, st = release_dir.resolve(), state.resolve()
+    if st == rel or rel in st.parents:
+        fail(f"the state directory {state} lies inside the release {release_dir}; keep device state elsewhere")
+    code = 0
     try:
         dev = boot(trust, release_dir, state)
     except BootError as exc:
         err.print(f"[bold red]refused:[/] {exc}")
         try:
             dev = boot_last_good(trust, state)
-        except SealflError as exc2:
+        except (SealflError, OSError) as exc2:
             fail(f"no last good release to fall back to: {exc2}", 2)
         err.print(f"kept the last good release v{dev.release.version}")
+        code = EXIT_REFUSED_KEPT_LAST_GOOD
+    except (SealflError, OSError) as exc:
+        fail(str(exc))
     with dev:
         console.print(f"booted {dev.release.name} v{dev.release.version} ({dev.release.root_digest})")
         if features_csv:
-            x = np.loadtxt(features_csv, delimiter=",", dtype=np.float32, ndmin=2)
-            for p in dev.predict(x).reshape(-1):
+            shape = (dev.release.metadata.get("input") or {}).get("shape") or [None, None]
+            try:
+                x = read_feature_rows(features_csv, int(shape[1]) if shape[1] else 13)
+                probs = dev.predict(x).reshape(-1)
+            except (ValueError, OSError, SealflError) as exc:
+                fail(str(exc))
+            for p in probs:
                 console.print(f"{float(p):.4f}")
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command("demo")
@@ -219,7 +269,7 @@ def demo(
 
     try:
         run_demo(out, rounds=rounds, ray_address=ray_address, console=console)
-    except SealflError as exc:
+    except (SealflError, OSError) as exc:
         fail(str(exc))
 
 

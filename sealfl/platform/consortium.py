@@ -27,7 +27,8 @@ from pathlib import Path
 
 from Crypto.PublicKey import ECC
 
-from sealfl.clients.kit import CKKS_LABEL, kit_dir
+from sealfl.clients.data import HOSPITALS
+from sealfl.clients.kit import CKKS_LABEL, kit_dir, slug
 from sealfl.common.he import CKKSCodec, CKKSParams
 from sealfl.common.keywrap import wrap
 
@@ -74,13 +75,25 @@ def create_consortium(d: str | Path, name: str, partners: list[str], *, params: 
 
     Returns the loaded :class:`Consortium` and the SECRET codec (so the caller can seal it
     into the release enclave; drop it afterwards).
-    Raises ConsortiumError if ``d`` already holds a consortium or partner names collide.
+    Raises ConsortiumError if ``d`` is not empty, partner names collide (also after
+    mapping to directory names), or a partner has no data for ``task``.
     """
     d = Path(d)
     if (d / "consortium.json").exists():
         raise ConsortiumError(f"{d} already holds a consortium; choose another directory")
+    if d.exists() and (not d.is_dir() or any(d.iterdir())):
+        raise ConsortiumError(f"{d} exists and is not an empty directory; choose a new directory")
     if len(set(partners)) != len(partners) or len(partners) < 2:
         raise ConsortiumError("need at least 2 partners with distinct names")
+    slugs = [slug(p) for p in partners]
+    if len(set(slugs)) != len(slugs) or "" in slugs:
+        raise ConsortiumError(f"partner names must map to distinct directory names, got {dict(zip(partners, slugs))}")
+    if task == "heart-logreg":
+        unknown = [p for p in partners if p not in HOSPITALS]
+        if unknown:
+            raise ConsortiumError(
+                f"the heart-logreg task has data for the FLamby hospitals {', '.join(HOSPITALS)} only; "
+                f"unknown partner(s): {', '.join(unknown)}")
     t0 = time.perf_counter()
     codec = CKKSCodec.generate(params)
     secret = codec.secret_context_bytes()

@@ -33,12 +33,25 @@ FLAMBY_POOLED = 0.776
 FLAMBY_FEDAVG = 0.654
 
 
+OWNED = {MARKER, "consortium", "campaign", "release", "device-state", "report.json"}
+
+
 def _prepare(out: Path) -> None:
+    """Empty ``out`` of an earlier demo's files; refuse to touch anything else."""
     if out.exists():
-        if not (out / MARKER).exists() and any(out.iterdir()):
+        if not out.is_dir():
+            raise PlatformError(f"{out} is a file; choose another --out")
+        names = {p.name for p in out.iterdir()}
+        if names and MARKER not in names:
             raise PlatformError(f"{out} exists and is not an earlier demo output; choose another --out")
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+        foreign = names - OWNED
+        if foreign:
+            raise PlatformError(f"{out} holds files the demo did not write ({', '.join(sorted(foreign))}); "
+                                "move them or choose another --out")
+        for name in names:
+            p = out / name
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    out.mkdir(parents=True, exist_ok=True)
     (out / MARKER).write_text("written by sealfl demo; replaced on the next run\n")
 
 

@@ -17,3 +17,7 @@ class CampaignError(PlatformError):
 
 class ReleaseError(PlatformError):
     """The release pipeline refused to release (e.g. the INT8 accuracy gate)."""
+
+
+class SimulationError(PlatformError):
+    """Ray could not be started or reached for a Flower simulation run."""

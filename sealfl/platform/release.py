@@ -14,7 +14,9 @@ round on Ray).
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +52,43 @@ def provision_release_enclave(cons: Consortium, secret_context: bytes) -> Releas
     return enclave
 
 
+def finished_checkpoint(campaign_dir: str | Path) -> dict:
+    """The final checkpoint of a FINISHED campaign.
+
+    Raises ReleaseError if the campaign is missing, did not finish, or its checkpoint is
+    not from its last round (a stale checkpoint of an earlier run).
+    """
+    d = Path(campaign_dir)
+    try:
+        status = json.loads((d / "status.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ReleaseError(f"{d} is not a campaign directory (no readable status.json); run 'sealfl campaign run'") from exc
+    if status.get("status") != "finished":
+        raise ReleaseError(f"campaign {d} is {status.get('status')!r}, not finished"
+                           f"{': ' + str(status.get('error')) if status.get('error') else ''}; nothing to release")
+    try:
+        ckpt = load_checkpoint(d)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ReleaseError(f"campaign {d} has no readable checkpoint: {exc}") from exc
+    if ckpt["round"] != status.get("num_rounds"):
+        raise ReleaseError(f"checkpoint of {d} is from round {ckpt['round']}, the campaign ran "
+                           f"{status.get('num_rounds')} rounds; not releasing a stale model")
+    return ckpt
+
+
+def check_gate(fp32_accuracy: float, int8_accuracy: float, max_drop: float) -> None:
+    """The accuracy gate: raise ReleaseError if INT8 accuracy is more than ``max_drop``
+    (a fraction; 0.01 = one point) below fp32 accuracy, or either is not finite."""
+    if not (math.isfinite(fp32_accuracy) and math.isfinite(int8_accuracy)):
+        raise ReleaseError("accuracy is not a finite number; not releasing")
+    drop = fp32_accuracy - int8_accuracy
+    log.info("release gate: fp32 %.4f, int8 %.4f (drop %.4f, allowed %.4f)", fp32_accuracy, int8_accuracy, drop, max_drop)
+    if drop > max_drop + 1e-12:
+        raise ReleaseError(
+            f"INT8 pooled test accuracy {int8_accuracy:.4f} is {100 * drop:.2f} points below fp32 "
+            f"{fp32_accuracy:.4f} (allowed: {100 * max_drop:.2f}); not releasing")
+
+
 @dataclass
 class ReleaseResult:
     """Outcome of :func:`release`.
@@ -75,14 +114,16 @@ def release(consortium_dir: str | Path, campaign_dir: str | Path, out_dir: str |
 
     Raises:
         ConsortiumError: not a consortium directory.
-        FileNotFoundError: the campaign has no checkpoint.
         UnsealError: the release enclave's code changed since provisioning.
-        ReleaseError: the INT8 model fails the accuracy gate (nothing is written).
+        ReleaseError: the campaign did not finish or has no final checkpoint, a partner did
+            not evaluate, or the INT8 model fails the accuracy gate (nothing is written).
         ReleaseWriteError: ``out_dir`` is not empty (from the enclave).
     """
+    if not (0.0 <= max_drop <= 1.0):
+        raise ReleaseError(f"max_drop must lie in [0, 1], got {max_drop}")
     t0 = time.perf_counter()
     cons = Consortium.load(consortium_dir)
-    ckpt = load_checkpoint(campaign_dir)
+    ckpt = finished_checkpoint(campaign_dir)
     enclave = ReleaseEnclave.open(enclave_dir(cons))
     keys = KeyHolder(enclave, cons.ckks, bytes.fromhex(cons.context_id))
     task = HeartTask()
@@ -91,13 +132,7 @@ def release(consortium_dir: str | Path, campaign_dir: str | Path, out_dir: str |
     fp32 = task.to_onnx(params, mean, std)
     int8 = quantize_int8(fp32)
     acc = federated_evaluate(cons, {"fp32": fp32, "int8": int8}, ray_address=ray_address)
-    drop = acc["fp32"]["pooled"] - acc["int8"]["pooled"]
-    log.info("release gate: fp32 %.4f, int8 %.4f (drop %.4f, allowed %.4f)",
-             acc["fp32"]["pooled"], acc["int8"]["pooled"], drop, max_drop)
-    if drop > max_drop + 1e-12:
-        raise ReleaseError(
-            f"INT8 pooled test accuracy {acc['int8']['pooled']:.4f} is {100 * drop:.2f} points below fp32 "
-            f"{acc['fp32']['pooled']:.4f} (allowed: {100 * max_drop:.2f}); not releasing")
+    check_gate(acc["fp32"]["pooled"], acc["int8"]["pooled"], max_drop)
     metadata = {
         "model_file": MODEL_FILE,
         "task": task.name,
