@@ -95,9 +95,12 @@ def parse_trust_anchors(release_key_pem: bytes, ak_pem: bytes, policy_json: byte
     """
     try:
         release_keys = tuple(_keys.load_public_keys(release_key_pem))
+    except KeyFormatError as exc:
+        raise TrustAnchorError(f"trust anchor {RELEASE_KEY_FILE}: {exc}; re-export the trust anchors") from exc
+    try:
         ak = _keys.load_public_key(ak_pem)
     except KeyFormatError as exc:
-        raise TrustAnchorError(f"trust directory key file: {exc}") from exc
+        raise TrustAnchorError(f"trust anchor {AK_FILE}: {exc}; re-export the trust anchors") from exc
     try:
         policy = loads_strict(policy_json)
     except JSONFormatError as exc:

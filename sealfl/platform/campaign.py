@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from sealfl.clients.data import N_FEATURES
 from sealfl.clients.task import HeartTask
 from sealfl.server.app import ServerConfig, make_server_app
 from sealfl.server.bookkeeping import RoundLog
@@ -116,7 +117,7 @@ def run_campaign(spec: CampaignSpec, on_round: Callable[[dict], None] | None = N
     cfg = ServerConfig(
         campaign_dir=str(out), public_context=str(cons.public_context), context_id=cons.context_id,
         ckks=cons.ckks.to_dict(), num_partners=n, min_partners=min_partners, num_rounds=spec.rounds,
-        n_params=task.n_params, initial_params=task.init_params().tolist(),
+        n_params=task.n_params, stats_length=1 + 2 * N_FEATURES, initial_params=task.init_params().tolist(),
         train={"local-epochs": spec.local_epochs, "lr": spec.lr, "batch-size": spec.batch_size, "seed": spec.seed,
                **spec.extra},
         timeout_s=spec.timeout_s,

@@ -33,8 +33,10 @@ app.add_typer(release_app, name="release")
 app.add_typer(partner_app, name="partner")
 app.add_typer(device_app, name="device")
 
-console = Console()
-err = Console(stderr=True)
+# rich assumes 80 columns when output is not a terminal (CI logs, pipes): too narrow for
+# the demo table and long paths, so use 120 there
+console = Console(width=None if sys.stdout.isatty() else 120)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
 
 
 VERBOSE = {"on": False}
@@ -155,7 +157,8 @@ def release_build(
     from .release import release
 
     try:
-        res = release(consortium, campaign, out, version=version, max_drop=max_drop, ray_address=ray_address)
+        with console.status("decrypting in the release enclave; partners score the fp32 and INT8 candidates…"):
+            res = release(consortium, campaign, out, version=version, max_drop=max_drop, ray_address=ray_address)
     except (SealflError, OSError) as exc:
         fail(str(exc))
     console.print(f"release v{version} in {out}: root digest {res.summary['root_digest']}; "

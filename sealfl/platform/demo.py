@@ -87,7 +87,8 @@ def run_demo(out: Path, *, rounds: int = 10, ray_address: str | None = None, con
     last = camp.rounds[-1]
 
     console.rule("[bold]3. release: decrypt in the enclave, ONNX, INT8, gate, sign, attest")
-    rel = release(cons.dir, out / "campaign", out / "release", version=1, ray_address=ray_address)
+    with console.status("decrypting in the release enclave; partners score the fp32 and INT8 candidates on Ray…"):
+        rel = release(cons.dir, out / "campaign", out / "release", version=1, ray_address=ray_address)
     console.print(f"root digest {rel.summary['root_digest']}  ({rel.seconds:.1f} s)")
 
     console.rule("[bold]4. device: verify, measure, boot the sandboxed runtime, infer")

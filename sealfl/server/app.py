@@ -49,6 +49,7 @@ class ServerConfig:
         min_partners: fewest valid updates per round.
         num_rounds: training rounds.
         n_params: flat model length.
+        stats_length: length of the scaling-statistics vector ``[n, Σx, Σx²]``.
         initial_params: the public initial model (list of floats).
         train: extra train config sent to partners (local-epochs, lr, batch-size, ...).
         timeout_s: seconds to wait for replies per round.
@@ -62,6 +63,7 @@ class ServerConfig:
     min_partners: int
     num_rounds: int
     n_params: int
+    stats_length: int
     initial_params: list = field(default_factory=list)
     train: dict = field(default_factory=dict)
     timeout_s: float = 600.0
@@ -100,17 +102,13 @@ def stats_round(grid: Grid, codec: CKKSCodec, cfg: ServerConfig, rlog: RoundLog)
             frames[name] = P.from_u8(msg.content[P.STATS]["stats_ct"].numpy())
         except (KeyError, ValueError) as exc:
             log.warning("rejected the statistics of partner %s: %s", name, exc)
-    length = 1 + 2 * _n_features(cfg)
+    length = cfg.stats_length
     valid = validate_frames(codec, frames, length)
     if len(valid.chunks) < cfg.min_partners:
         raise NotEnoughPartnersError(
             f"statistics round: {len(valid.chunks)} valid replies, min_partners={cfg.min_partners}")
     rlog.note(stats_partners=sorted(valid.chunks), stats_rejected=valid.rejected)
     return sum_chunks(codec, valid, length)
-
-
-def _n_features(cfg: ServerConfig) -> int:
-    return cfg.n_params - 1  # logistic regression: 13 weights + bias
 
 
 def _scalar(d: dict) -> dict:
