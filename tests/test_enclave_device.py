@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 
+from pathlib import Path
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -44,8 +46,13 @@ def test_good_release_boots_and_predicts(trust_dir, release_dir, tmp_path):
         quote = device.attest(b"\x07" * 32)
         verify_quote(quote, device.tee.ak_public_key(), b"\x07" * 32, {23: pcrs[23].hex()})
     recorded = read_device_state(state)["last_good"]
-    assert recorded == {"name": "heart-mlp", "version": 3, "root_digest": root,
-                        "release_dir": str(release_dir.resolve()), "model_file": MODEL_FILE}
+    slot = state / "slots" / root
+    assert recorded == {"name": "heart-mlp", "version": 3, "root_digest": root, "release_dir": str(slot),
+                        "source_dir": str(release_dir.resolve()), "model_file": MODEL_FILE}
+    # the slot holds exactly the verified files, byte for byte
+    assert sorted(p.name for p in slot.iterdir()) == sorted(p.name for p in release_dir.iterdir())
+    for p in release_dir.iterdir():
+        assert (slot / p.name).read_bytes() == p.read_bytes()
 
 
 def test_tampered_new_release_refused_and_last_good_served(trust_dir, release_dir, enclave, tmp_path):
@@ -67,8 +74,12 @@ def test_tampered_new_release_refused_and_last_good_served(trust_dir, release_di
     assert (err.reason, err.file, err.check) == ("verification", MODEL_FILE, "hash")
     assert MODEL_FILE in str(err) and "hash" in str(err)
     assert (state / "state.json").read_bytes() == before
-    assert json.loads(before)["last_good"]["release_dir"] == str(release_dir.resolve())
+    assert json.loads(before)["last_good"]["source_dir"] == str(release_dir.resolve())
 
+    # the device keeps its own copy: the last good release survives its install dir going away
+    for child in release_dir.iterdir():
+        child.unlink()
+    release_dir.rmdir()
     x = sample_inputs(3)
     with boot_last_good(trust_dir, state) as device:
         assert device.release.version == 3
@@ -90,11 +101,12 @@ def test_newer_release_updates_state_and_rollback_is_refused(trust_dir, release_
 def test_boot_last_good_detects_replaced_directory(trust_dir, release_dir, enclave, tmp_path):
     state = tmp_path / "device"
     boot(trust_dir, release_dir, state).close()
-    # replace the recorded dir's content with another validly signed release of the same version
-    for child in release_dir.iterdir():
+    slot = Path(read_device_state(state)["last_good"]["release_dir"])
+    # replace the slot's content with another validly signed release of the same version
+    for child in slot.iterdir():
         child.unlink()
-    release_dir.rmdir()
-    enclave.write_release(release_dir, {MODEL_FILE: make_onnx_model(bias=np.array([1.0], np.float32))},
+    slot.rmdir()
+    enclave.write_release(slot, {MODEL_FILE: make_onnx_model(bias=np.array([1.0], np.float32))},
                           "heart-mlp", 3)
     with pytest.raises(BootError, match="replaced"):
         boot_last_good(trust_dir, state)

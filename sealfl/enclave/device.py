@@ -11,8 +11,10 @@
 7. start :class:`~sealfl.enclave.runtime.SandboxedRuntime` with the verified bytes of the
    model file (``metadata["model_file"]``, else the single ``.onnx`` payload file);
 8. health check (ping + one inference on zeros when the first input is float);
-9. record ``state.json`` atomically: ``{"schema": "sealfl.device-state/v1",
-   "last_good": {"name", "version", "root_digest", "release_dir", "model_file"}}``.
+9. keep a private copy of the verified bytes in ``state_dir/slots/<root digest>`` and
+   record ``state.json`` atomically: ``{"schema": "sealfl.device-state/v1",
+   "last_good": {"name", "version", "root_digest", "release_dir" (the slot),
+   "source_dir", "model_file"}}``; older slots are removed.
 
 Any failure raises :class:`BootError` and leaves ``state.json`` untouched, so
 :func:`boot_last_good` can bring the last good release back up.
@@ -22,6 +24,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -164,6 +168,35 @@ def _health_check(runtime: SandboxedRuntime) -> None:
             raise RuntimeSandboxError(f"output {name!r} is not finite on an all-zero input")
 
 
+SLOTS_DIR = "slots"
+
+
+def _store_slot(state_root: Path, root_digest: str, files: Mapping[str, bytes]) -> Path:
+    """Keep a private copy of a verified release (the exact bytes that were verified) in
+    ``state_root/slots/<root digest>``, written to a temp dir and renamed into place, so the
+    last good release survives changes to the directory it was installed from."""
+    slots = ensure_private_dir(state_root / SLOTS_DIR)
+    slot = slots / root_digest
+    if slot.is_dir():
+        return slot
+    tmp = Path(tempfile.mkdtemp(prefix=".slot-", dir=slots))
+    try:
+        for name, data in files.items():
+            atomic_write(tmp / name, data, 0o600)
+        os.rename(tmp, slot)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return slot
+
+
+def _prune_slots(state_root: Path, keep: Path) -> None:
+    """Remove every slot but ``keep`` (the new last good release)."""
+    for p in (state_root / SLOTS_DIR).iterdir():
+        if p != keep and p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+
+
 def _boot(trust_dir, release_dir, state_dir, *, backend: str, record: bool, expect_root: str | None,
           runtime_options: Mapping[str, Any] | None, max_file_bytes: int) -> BootedDevice:
     state_root = ensure_private_dir(state_dir)
@@ -185,7 +218,6 @@ def _boot(trust_dir, release_dir, state_dir, *, backend: str, record: bool, expe
     except VerificationError as exc:
         raise BootError(f"release in {release_path} refused: {exc}", reason="verification",
                         file=exc.file, check=exc.check) from exc
-    del files
     if expect_root is not None and release.root_digest != expect_root:
         raise BootError(f"release in {release_path} has root digest {release.root_digest}, but the recorded "
                         f"last good release has {expect_root}; the directory was replaced",
@@ -203,11 +235,13 @@ def _boot(trust_dir, release_dir, state_dir, *, backend: str, record: bool, expe
         raise BootError(f"health check of {release.name} v{release.version} failed: {exc}",
                         reason="health-check") from exc
     if record:
-        new_state = {"schema": STATE_SCHEMA, "last_good": {
-            "name": release.name, "version": release.version, "root_digest": release.root_digest,
-            "release_dir": str(release_path), "model_file": model_file}}
         try:
+            slot = _store_slot(state_root, release.root_digest, files)
+            new_state = {"schema": STATE_SCHEMA, "last_good": {
+                "name": release.name, "version": release.version, "root_digest": release.root_digest,
+                "release_dir": str(slot), "source_dir": str(release_path), "model_file": model_file}}
             atomic_write(state_root / STATE_FILE, canonical_json(new_state) + b"\n", 0o600)
+            _prune_slots(state_root, keep=slot)
         except OSError as exc:
             runtime.close()
             raise BootError(f"cannot record {STATE_FILE}: {exc}", reason="state") from exc
@@ -244,7 +278,8 @@ def boot(trust_dir: str | os.PathLike, release_dir: str | os.PathLike, state_dir
 def boot_last_good(trust_dir: str | os.PathLike, state_dir: str | os.PathLike, *, backend: str = "sim",
                    runtime_options: Mapping[str, Any] | None = None,
                    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> BootedDevice:
-    """Re-verify and boot the release recorded as last good in ``state_dir/state.json``.
+    """Re-verify and boot the release recorded as last good in ``state_dir/state.json``
+    (from the device's own slot copy).
 
     The release is verified from scratch and must have the recorded root digest.
 
