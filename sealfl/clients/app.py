@@ -23,7 +23,7 @@ import logging
 from pathlib import Path
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from sealfl.common import protocol as P
@@ -173,7 +173,5 @@ def make_client_app(consortium_dir: str | None = None) -> ClientApp:
     return app
 
 
-def _array(blob: bytes):
-    from flwr.app import Array
-
+def _array(blob: bytes) -> Array:
     return Array(P.to_u8(blob))

@@ -116,6 +116,33 @@ def campaign_run(
                   f"{last['pooled_test_accuracy']:.3f}; checkpoint in {out / 'checkpoint'}")
 
 
+@campaign_app.command("status")
+def campaign_status(
+    out: Path = typer.Argument(..., help="Campaign directory (running or finished)."),
+) -> None:
+    """Show a campaign's status and one line per finished round (works while it runs)."""
+    from rich.table import Table
+
+    from sealfl.server.bookkeeping import RoundLog
+
+    try:
+        status = json.loads((out / "status.json").read_text())
+    except (OSError, ValueError) as exc:
+        fail(f"{out} is not a campaign directory (no readable status.json): {exc}")
+    rounds = RoundLog(out, int(status.get("num_rounds") or 0)).rounds()
+    t = Table(title=f"campaign {out}: {status.get('status')} (round {status.get('round')}/{status.get('num_rounds')})")
+    for col in ("round", "pooled acc", "partners", "rejected", "MB in", "seconds"):
+        t.add_column(col, justify="right" if col not in ("partners", "rejected") else "left")
+    for r in rounds:
+        t.add_row(str(r["round"]), f"{r.get('pooled_test_accuracy', float('nan')):.3f}",
+                  ", ".join(r.get("accepted", [])), "; ".join(f"{k}: {v}" for k, v in (r.get("rejected") or {}).items()),
+                  f"{r.get('ciphertext_bytes_in', 0) / 1e6:.2f}", f"{r.get('round_seconds', 0):.2f}")
+    console.print(t)
+    if status.get("error"):
+        err.print(f"[bold red]error:[/] {status['error']}")
+    console.print(f"aggregator held a secret key: {status.get('server_has_secret_key')}")
+
+
 # ---- partner ---------------------------------------------------------------------------
 @partner_app.command("check")
 def partner_check(
