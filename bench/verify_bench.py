@@ -1,0 +1,78 @@
+"""Benchmark: device-side release verification throughput vs ``openssl dgst -sha256``.
+
+For payload sizes S (MiB of random bytes, one file): time to read the release directory
+once and run the pure ``verify_release`` (signature, attestation, manifest, SHA-256 of
+every byte), against the time ``openssl dgst -sha256`` needs just to hash the same file
+(the floor: verification cannot beat hashing every byte once).
+
+Run: ``.venv/bin/python bench/verify_bench.py [--sizes 16,256,1024]``.
+Prints a table and writes ``bench/results/verify.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from sealfl.attestation.release import read_release_dir, verify_release
+from sealfl.enclave.release_enclave import ReleaseEnclave
+
+OUT = Path(__file__).parent / "results" / "verify.json"
+
+
+def _best(fn, repeat: int = 3) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="16,256,1024", help="payload sizes in MiB")
+    args = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="sealfl-bench-") as d:
+        enclave = ReleaseEnclave.create(Path(d) / "enclave")
+        trust = enclave.trust_anchors()
+        for mib in (int(s) for s in args.sizes.split(",")):
+            rel = Path(d) / f"release-{mib}"
+            payload = os.urandom(mib << 20)
+            enclave.write_release(rel, {"model.bin": payload}, "bench", 1, {})
+            del payload
+            verify_s = _best(lambda: verify_release(read_release_dir(rel), trust))
+            openssl_s = None
+            if shutil.which("openssl"):
+                openssl_s = _best(lambda: subprocess.run(["openssl", "dgst", "-sha256", str(rel / "model.bin")],
+                                                         check=True, capture_output=True))
+            rows.append({"mib": mib, "read_and_verify_s": verify_s, "verify_mib_per_s": mib / verify_s,
+                         "openssl_sha256_s": openssl_s,
+                         "openssl_mib_per_s": mib / openssl_s if openssl_s else None})
+            shutil.rmtree(rel)
+    t = Table(title="release verification (read once + verify_release) vs openssl dgst -sha256")
+    for col in ("payload MiB", "read+verify s", "MiB/s", "openssl s", "openssl MiB/s", "ratio"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        ratio = f"{r['read_and_verify_s'] / r['openssl_sha256_s']:.2f}x" if r["openssl_sha256_s"] else "-"
+        t.add_row(str(r["mib"]), f"{r['read_and_verify_s']:.3f}", f"{r['verify_mib_per_s']:.0f}",
+                  f"{r['openssl_sha256_s']:.3f}" if r["openssl_sha256_s"] else "-",
+                  f"{r['openssl_mib_per_s']:.0f}" if r["openssl_mib_per_s"] else "-", ratio)
+    Console(width=120).print(t)
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps({"cpu_count": os.cpu_count(), "rows": rows}, indent=2))
+    print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()
