@@ -46,8 +46,9 @@ def test_good_release_boots_and_predicts(trust_dir, release_dir, tmp_path):
         quote = device.attest(b"\x07" * 32)
         verify_quote(quote, device.tee.ak_public_key(), b"\x07" * 32, {23: pcrs[23].hex()})
     recorded = read_device_state(state)["last_good"]
-    slot = state / "slots" / root
-    assert recorded == {"name": "heart-mlp", "version": 3, "root_digest": root, "release_dir": str(slot),
+    slot_name = "slots/" + hashlib.sha256((release_dir / "manifest.dsse.json").read_bytes()).hexdigest()
+    slot = state / slot_name
+    assert recorded == {"name": "heart-mlp", "version": 3, "root_digest": root, "release_dir": slot_name,
                         "source_dir": str(release_dir.resolve()), "model_file": MODEL_FILE}
     # the slot holds exactly the verified files, byte for byte
     assert sorted(p.name for p in slot.iterdir()) == sorted(p.name for p in release_dir.iterdir())
@@ -101,14 +102,14 @@ def test_newer_release_updates_state_and_rollback_is_refused(trust_dir, release_
 def test_boot_last_good_detects_replaced_directory(trust_dir, release_dir, enclave, tmp_path):
     state = tmp_path / "device"
     boot(trust_dir, release_dir, state).close()
-    slot = Path(read_device_state(state)["last_good"]["release_dir"])
+    slot = state / read_device_state(state)["last_good"]["release_dir"]
     # replace the slot's content with another validly signed release of the same version
     for child in slot.iterdir():
         child.unlink()
     slot.rmdir()
     enclave.write_release(slot, {MODEL_FILE: make_onnx_model(bias=np.array([1.0], np.float32))},
                           "heart-mlp", 3)
-    with pytest.raises(BootError, match="replaced"):
+    with pytest.raises(BootError, match="already ran|replaced"):
         boot_last_good(trust_dir, state)
 
 
@@ -134,3 +135,31 @@ def test_verify_dir(trust_dir, release_dir):
     with pytest.raises(Exception) as info:
         verify_dir(trust_dir, release_dir)
     assert "'extra.bin'" in str(info.value) and "'extra-file'" in str(info.value)
+
+
+def test_same_model_new_version_then_refused_update_falls_back(trust_dir, enclave, tmp_path):
+    """v4 and v5 carry the same model bytes (same root digest); after v5 runs, a refused
+    update must bring back v5 -- not v4's copy -- even from another working directory."""
+    state = tmp_path / "device"
+    for v in (4, 5):
+        enclave.write_release(tmp_path / f"r{v}", default_payload(), "heart-mlp", v, {"model_file": MODEL_FILE})
+    boot(trust_dir, tmp_path / "r4", state).close()
+    boot(trust_dir, tmp_path / "r5", state).close()
+    with pytest.raises(BootError):
+        boot(trust_dir, tmp_path / "r4", state)  # rollback
+    moved = tmp_path / "moved-device"
+    state.rename(moved)  # state dirs are relocatable: slot paths are relative
+    with boot_last_good(trust_dir, moved) as device:
+        assert device.release.version == 5
+
+
+def test_same_version_with_other_content_is_refused(trust_dir, enclave, tmp_path):
+    state = tmp_path / "device"
+    enclave.write_release(tmp_path / "a", default_payload(), "heart-mlp", 6, {"model_file": MODEL_FILE})
+    other = {**default_payload(), MODEL_FILE: make_onnx_model(bias=np.array([2.0], np.float32))}
+    enclave.write_release(tmp_path / "b", other, "heart-mlp", 6, {"model_file": MODEL_FILE})
+    boot(trust_dir, tmp_path / "a", state).close()
+    boot(trust_dir, tmp_path / "a", state).close()  # the same release again is a plain re-boot
+    with pytest.raises(BootError) as info:
+        boot(trust_dir, tmp_path / "b", state)
+    assert info.value.check == "rollback"

@@ -85,7 +85,8 @@ CHECKS: dict[str, str] = {
     "hash": "the file's bytes differ from the signed manifest (corruption or tampering); re-download the release",
     "attestation": "the release attestation does not prove that the pinned release enclave produced this release",
     "version": "the release version is below the minimum version pinned in policy.json",
-    "rollback": "the release is older than the last release this device ran; refuse downgrades, publish a newer version",
+    "rollback": ("the release is older than, or differs at the same version from, the last release this "
+                 "device ran; publish a newer version"),
 }
 
 

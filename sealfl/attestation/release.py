@@ -90,7 +90,8 @@ class VerifiedRelease:
 
 
 def verify_release(
-    files: Mapping[str, bytes], trust: TrustAnchors, *, last_version: int | None = None
+    files: Mapping[str, bytes], trust: TrustAnchors, *, last_version: int | None = None,
+    last_root_digest: str | None = None,
 ) -> VerifiedRelease:
     """Verify every file of a release directory against pinned trust anchors. Pure; no I/O.
 
@@ -100,6 +101,8 @@ def verify_release(
         trust: pinned keys and policy (see :class:`TrustAnchors`).
         last_version: version of the last release this device ran, or None (no rollback
             check beyond ``trust.min_version``).
+        last_root_digest: root digest of that release; with it, the same version is
+            accepted only for the same root digest (a re-boot), never for other content.
 
     Returns:
         a :class:`VerifiedRelease`.
@@ -185,6 +188,12 @@ def verify_release(
         raise VerificationError(
             MANIFEST_FILE, "rollback", f"version {version} < last version run on this device ({last_version})"
         )
+    if (last_version is not None and version == last_version and last_root_digest is not None
+            and not hmac.compare_digest(statement.root_digest, last_root_digest)):
+        raise VerificationError(
+            MANIFEST_FILE, "rollback",
+            f"version {version} already ran on this device with root digest {last_root_digest[:16]}…; "
+            "a different release must carry a higher version")
 
     log.info("verified release %s v%d root %s (backend %s)", statement.name, version,
              statement.root_digest, quote["backend"])

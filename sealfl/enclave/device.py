@@ -11,9 +11,10 @@
 7. start :class:`~sealfl.enclave.runtime.SandboxedRuntime` with the verified bytes of the
    model file (``metadata["model_file"]``, else the single ``.onnx`` payload file);
 8. health check (ping + one inference on zeros when the first input is float);
-9. keep a private copy of the verified bytes in ``state_dir/slots/<root digest>`` and
+9. keep a private copy of the verified bytes in ``state_dir/slots/<envelope digest>`` and
    record ``state.json`` atomically: ``{"schema": "sealfl.device-state/v1",
-   "last_good": {"name", "version", "root_digest", "release_dir" (the slot),
+   "last_good": {"name", "version", "root_digest", "release_dir" (the slot, relative to
+   the state dir),
    "source_dir", "model_file"}}``; older slots are removed.
 
 Any failure raises :class:`BootError` and leaves ``state.json`` untouched, so
@@ -22,6 +23,8 @@ Any failure raises :class:`BootError` and leaves ``state.json`` untouched, so
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import logging
 import os
 import shutil
@@ -34,6 +37,7 @@ import numpy as np
 
 from sealfl.attestation.canonical import JSONFormatError, canonical_json, loads_strict
 from sealfl.attestation.errors import TrustAnchorError, VerificationError
+from sealfl.attestation.bundle import ENVELOPE_FILE
 from sealfl.attestation.release import (
     DEFAULT_MAX_FILE_BYTES,
     VerifiedRelease,
@@ -171,41 +175,53 @@ def _health_check(runtime: SandboxedRuntime) -> None:
 SLOTS_DIR = "slots"
 
 
-def _store_slot(state_root: Path, root_digest: str, files: Mapping[str, bytes]) -> Path:
+def _store_slot(state_root: Path, files: Mapping[str, bytes]) -> str:
     """Keep a private copy of a verified release (the exact bytes that were verified) in
-    ``state_root/slots/<root digest>``, written to a temp dir and renamed into place, so the
-    last good release survives changes to the directory it was installed from."""
+    ``state_root/slots/<SHA-256 of its signed DSSE envelope>`` -- unique per signed release,
+    unlike the root digest, which two versions of the same model share -- written to a temp
+    dir and renamed into place, so the last good release survives changes to the directory
+    it was installed from. Returns the slot path relative to ``state_root``."""
     slots = ensure_private_dir(state_root / SLOTS_DIR)
-    slot = slots / root_digest
-    if slot.is_dir():
-        return slot
+    name = hashlib.sha256(files[ENVELOPE_FILE]).hexdigest()
+    slot = slots / name
     tmp = Path(tempfile.mkdtemp(prefix=".slot-", dir=slots))
     try:
-        for name, data in files.items():
-            atomic_write(tmp / name, data, 0o600)
+        for fname, data in files.items():
+            atomic_write(tmp / fname, data, 0o600)
+        if slot.exists():  # rewrite: the old copy may have been altered on disk
+            shutil.rmtree(slot)
         os.rename(tmp, slot)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return slot
+    return f"{SLOTS_DIR}/{name}"
 
 
-def _prune_slots(state_root: Path, keep: Path) -> None:
-    """Remove every slot but ``keep`` (the new last good release)."""
+def _prune_slots(state_root: Path, keep: str) -> None:
+    """Remove every slot but ``keep`` (relative path of the new last good release)."""
     for p in (state_root / SLOTS_DIR).iterdir():
-        if p != keep and p.is_dir():
+        if p != state_root / keep and p.is_dir():
             shutil.rmtree(p, ignore_errors=True)
 
 
-def _boot(trust_dir, release_dir, state_dir, *, backend: str, record: bool, expect_root: str | None,
-          runtime_options: Mapping[str, Any] | None, max_file_bytes: int) -> BootedDevice:
-    state_root = ensure_private_dir(state_dir)
+def _boot(trust_dir, release_dir, state_dir, **kw) -> BootedDevice:
+    """Serialise boots of one device: two concurrent boots could otherwise both pass the
+    rollback check and the older one could record its version last."""
+    state_root = ensure_private_dir(Path(state_dir).resolve())
+    with open(state_root / ".lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _boot_locked(trust_dir, release_dir, state_root, **kw)
+
+
+def _boot_locked(trust_dir, release_dir, state_root: Path, *, backend: str, record: bool, expect_root: str | None,
+                 runtime_options: Mapping[str, Any] | None, max_file_bytes: int) -> BootedDevice:
     try:
         trust = load_trust_anchors(trust_dir)
     except TrustAnchorError as exc:
         raise BootError(f"cannot load trust anchors: {exc}", reason="trust") from exc
     state = read_device_state(state_root)
     last_version = state["last_good"]["version"] if state else None
+    last_root = state["last_good"].get("root_digest") if state else None
     try:
         tee = _open_tee(state_root / "tee", backend)
         tee.extend(_measure.DEVICE_RUNTIME_PCR, _measure.measure_device_runtime())
@@ -214,7 +230,7 @@ def _boot(trust_dir, release_dir, state_dir, *, backend: str, record: bool, expe
     release_path = Path(release_dir).resolve()
     try:
         files = read_release_dir(release_path, max_file_bytes=max_file_bytes)
-        release = verify_release(files, trust, last_version=last_version)
+        release = verify_release(files, trust, last_version=last_version, last_root_digest=last_root)
     except VerificationError as exc:
         raise BootError(f"release in {release_path} refused: {exc}", reason="verification",
                         file=exc.file, check=exc.check) from exc
@@ -236,10 +252,10 @@ def _boot(trust_dir, release_dir, state_dir, *, backend: str, record: bool, expe
                         reason="health-check") from exc
     if record:
         try:
-            slot = _store_slot(state_root, release.root_digest, files)
+            slot = _store_slot(state_root, files)
             new_state = {"schema": STATE_SCHEMA, "last_good": {
                 "name": release.name, "version": release.version, "root_digest": release.root_digest,
-                "release_dir": str(slot), "source_dir": str(release_path), "model_file": model_file}}
+                "release_dir": slot, "source_dir": str(release_path), "model_file": model_file}}
             atomic_write(state_root / STATE_FILE, canonical_json(new_state) + b"\n", 0o600)
             _prune_slots(state_root, keep=slot)
         except OSError as exc:
@@ -292,6 +308,9 @@ def boot_last_good(trust_dir: str | os.PathLike, state_dir: str | os.PathLike, *
         raise BootError(f"no last good release recorded in {Path(state_dir) / STATE_FILE}; boot a release first",
                         reason="state")
     last = state["last_good"]
-    return _boot(trust_dir, last["release_dir"], state_dir, backend=backend, record=False,
+    slot = Path(last["release_dir"])
+    if not slot.is_absolute():
+        slot = Path(state_dir).resolve() / slot
+    return _boot(trust_dir, slot, state_dir, backend=backend, record=False,
                  expect_root=last["root_digest"], runtime_options=runtime_options,
                  max_file_bytes=max_file_bytes)
