@@ -25,3 +25,16 @@ def test_cli_help_lists_every_persona():
                          timeout=120, check=True).stdout
     for cmd in ("consortium", "campaign", "release", "partner", "device", "verify", "demo"):
         assert cmd in out
+
+
+def test_campaign_status_reports_a_dead_aggregator(tmp_path):
+    # a pid that is certainly gone: a child we started and reaped
+    p = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(p.stdout)
+    (tmp_path / "status.json").write_text(f'{{"status": "running", "round": 3, "num_rounds": 9, "pid": {dead}}}')
+    (tmp_path / "rounds.jsonl").write_text('{"round": 1, "pooled_test_accuracy": 0.8}\n{"round": 2, "pooled')
+    out = subprocess.run([sys.executable, "-m", "sealfl.platform.cli", "campaign", "status", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    assert "stopped unexpectedly" in text and "0.800" in text

@@ -179,8 +179,8 @@ def test_device_boot_cli_keeps_last_good_and_exits_3(built, tmp_path):
     trust, good, state = trust_dir(built["cons"]), built["root"] / "release", tmp_path / "state"
     part = load_partitions()[0]
     rows = tmp_path / "rows.csv"
-    rows.write_text("age,sex,trestbps,chol,fbs,thalch,exang,oldpeak,cp1,cp2,cp3,r1,r2\n"
-                    + "\n".join(",".join(f"{v:g}" for v in r) for r in part.x_test[:5]))
+    rows.write_text("\ufeffage,sex,trestbps,chol,fbs,thalch,exang,oldpeak,cp1,cp2,cp3,r1,r2\n"  # with a BOM
+                    + "\n".join(",".join(f"{v:g}" for v in r) for r in part.x_test[:5]), encoding="utf-8")
     r = _cli("device", "boot", "-t", trust, "-r", good, "-s", state, "--input", rows)
     assert r.returncode == 0, r.stderr
     got = [float(v) for v in r.stdout.split()[-5:]]
@@ -199,7 +199,11 @@ def test_device_boot_cli_keeps_last_good_and_exits_3(built, tmp_path):
 @pytest.mark.parametrize("content, words", [
     ("1,2,3\n", "3 columns"),
     (",".join(["1"] * 12 + ["nan"]) + "\n", "NaN"),
-    ("age\n" + ",".join(["1"] * 13) + "\nx," + ",".join(["1"] * 12) + "\n", "non-numeric"),
+    (",".join(f"c{i}" for i in range(13)) + "\n" + ",".join(["1"] * 13) + "\nx," + ",".join(["1"] * 12) + "\n",
+     "non-numeric"),
+    ("63,1,14S," + ",".join(["1"] * 10) + "\n" + ",".join(["1"] * 13) + "\n", "non-numeric"),  # typo, not a header
+    ("age,sex\n" + ",".join(["1"] * 13) + "\n", "header has 2 columns"),
+    (",".join(["1"] * 12 + ["1e39"]) + "\n", "float32"),
     ("", "no data rows"),
 ])
 def test_device_boot_cli_rejects_bad_input_rows(built, tmp_path, content, words):
@@ -209,3 +213,9 @@ def test_device_boot_cli_rejects_bad_input_rows(built, tmp_path, content, words)
              "-s", tmp_path / "s", "--input", f)
     assert r.returncode == 1
     assert words in " ".join(r.stderr.split()) and "Traceback" not in r.stderr
+
+
+def test_release_versions_must_increase(built, tmp_path):
+    with pytest.raises(ReleaseError, match="use --version 3"):
+        release(built["cons"].dir, built["root"] / "camp", tmp_path / "again", version=2)
+    assert not (tmp_path / "again").exists()

@@ -51,3 +51,11 @@ def test_consortium_refuses_colliding_or_unknown_partners(tmp_path):
     (tmp_path / "c" / "notes.txt").write_text("x")
     with pytest.raises(ConsortiumError, match="not an empty directory"):
         create_consortium(tmp_path / "c", "t", ["Cleveland", "Hungary"])
+
+
+def test_kit_files_mixed_between_partners_are_refused(tmp_path):
+    cons, _ = create_consortium(tmp_path / "c", "t", ["Cleveland", "Hungary"])
+    a, b = kit_dir(cons.dir, "Cleveland"), kit_dir(cons.dir, "Hungary")
+    (a / "kit.json").write_text((b / "kit.json").read_text())
+    with pytest.raises(KitError, match="mixed up"):
+        load_kit(str(a))

@@ -65,6 +65,9 @@ def load_kit(path: str) -> PartnerKit:
         raise KitError(f"startup kit {d} is incomplete: {exc.filename} is missing; re-issue the kit") from exc
     except (ValueError, json.JSONDecodeError) as exc:
         raise KitError(f"startup kit {d} is unreadable: {exc}") from exc
+    if slug(str(meta.get("partner", ""))) != d.resolve().name:
+        raise KitError(f"startup kit {d} names partner {meta.get('partner')!r}, which does not match its "
+                       "directory; kit files were mixed up between partners -- re-issue the kit")
     try:
         secret = unwrap(wrapped, key, CKKS_LABEL)
     except KeyWrapError as exc:

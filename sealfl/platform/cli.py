@@ -127,20 +127,42 @@ def campaign_status(
 
     try:
         status = json.loads((out / "status.json").read_text())
-    except (OSError, ValueError) as exc:
+        if not isinstance(status, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError, RecursionError) as exc:
         fail(f"{out} is not a campaign directory (no readable status.json): {exc}")
-    rounds = RoundLog(out, int(status.get("num_rounds") or 0)).rounds()
-    t = Table(title=f"campaign {out}: {status.get('status')} (round {status.get('round')}/{status.get('num_rounds')})")
+    state = str(status.get("status"))
+    pid = status.get("pid")
+    if state == "running" and isinstance(pid, int) and not _alive(pid):
+        state = f"stopped unexpectedly (aggregator process {pid} is gone; rerun with --overwrite)"
+    rounds = RoundLog(out, 0).rounds()
+    t = Table(title=f"campaign {out}: {state} (round {status.get('round')}/{status.get('num_rounds')})")
     for col in ("round", "pooled acc", "partners", "rejected", "MB in", "seconds"):
         t.add_column(col, justify="right" if col not in ("partners", "rejected") else "left")
     for r in rounds:
-        t.add_row(str(r["round"]), f"{r.get('pooled_test_accuracy', float('nan')):.3f}",
-                  ", ".join(r.get("accepted", [])), "; ".join(f"{k}: {v}" for k, v in (r.get("rejected") or {}).items()),
-                  f"{r.get('ciphertext_bytes_in', 0) / 1e6:.2f}", f"{r.get('round_seconds', 0):.2f}")
+        try:
+            t.add_row(str(r["round"]), f"{float(r.get('pooled_test_accuracy', 'nan')):.3f}",
+                      ", ".join(map(str, r.get("accepted", []))),
+                      "; ".join(f"{k}: {v}" for k, v in dict(r.get("rejected") or {}).items()),
+                      f"{float(r.get('ciphertext_bytes_in', 0)) / 1e6:.2f}", f"{float(r.get('round_seconds', 0)):.2f}")
+        except (TypeError, ValueError):
+            t.add_row(str(r["round"]), "(malformed record)", "", "", "", "")
     console.print(t)
     if status.get("error"):
         err.print(f"[bold red]error:[/] {status['error']}")
     console.print(f"aggregator held a secret key: {status.get('server_has_secret_key')}")
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 # ---- partner ---------------------------------------------------------------------------
@@ -219,24 +241,36 @@ def read_feature_rows(path: Path, n_features: int):
 
     import numpy as np
 
-    with open(path, newline="") as fh:
-        rows = [r for r in csv.reader(fh) if r and any(c.strip() for c in r)]
-    out = []
-    for i, row in enumerate(rows, start=1):
+    def number(c: str) -> bool:
         try:
-            vals = [float(c) for c in row]
+            float(c)
+            return True
         except ValueError:
-            if i == 1:
-                continue  # header
-            raise ValueError(f"{path}: row {i} has a non-numeric value: {row}") from None
-        if len(vals) != n_features:
-            raise ValueError(f"{path}: row {i} has {len(vals)} columns, the model takes {n_features}")
-        if not all(np.isfinite(vals)):
-            raise ValueError(f"{path}: row {i} has a NaN or infinite value")
-        out.append(vals)
-    if not out:
+            return False
+
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as fh:  # -sig: tolerate a BOM
+            rows = [r for r in csv.reader(fh) if r and any(c.strip() for c in r)]
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not a UTF-8 text CSV ({exc.reason})") from exc
+    if rows and not any(number(c) for c in rows[0]):  # a header: every cell non-numeric
+        if len(rows[0]) != n_features:
+            raise ValueError(f"{path}: the header has {len(rows[0])} columns, the model takes {n_features}")
+        rows = rows[1:]
+    if not rows:
         raise ValueError(f"{path}: no data rows")
-    return np.asarray(out, dtype=np.float32)
+    out = np.zeros((len(rows), n_features), dtype=np.float32)
+    for i, row in enumerate(rows):
+        if len(row) != n_features:
+            raise ValueError(f"{path}: data row {i + 1} has {len(row)} columns, the model takes {n_features}")
+        bad = [c for c in row if not number(c)]
+        if bad:
+            raise ValueError(f"{path}: data row {i + 1} has a non-numeric value {bad[0]!r}")
+        with np.errstate(over="ignore"):
+            out[i] = np.asarray([float(c) for c in row], dtype=np.float64).astype(np.float32)
+        if not np.all(np.isfinite(out[i])):
+            raise ValueError(f"{path}: data row {i + 1} has a NaN, infinite or out-of-float32-range value")
+    return out
 
 
 @device_app.command("boot")
@@ -255,9 +289,10 @@ def device_boot(
     from sealfl.enclave.device import boot, boot_last_good
     from sealfl.enclave.errors import BootError
 
-    rel, st = release_dir.resolve(), state.resolve()
-    if st == rel or rel in st.parents:
-        fail(f"the state directory {state} lies inside the release {release_dir}; keep device state elsewhere")
+    rel, st, tr = release_dir.resolve(), state.resolve(), trust.resolve()
+    for other, what in ((rel, "release"), (tr, "trust anchors")):
+        if st == other or other in st.parents or st in other.parents:
+            fail(f"the state directory {state} overlaps the {what} directory {other}; keep device state apart")
     code = 0
     try:
         dev = boot(trust, release_dir, state)
@@ -280,8 +315,7 @@ def device_boot(
                 probs = dev.predict(x).reshape(-1)
             except (ValueError, OSError, SealflError) as exc:
                 fail(str(exc))
-            for p in probs:
-                console.print(f"{float(p):.4f}")
+            sys.stdout.write("".join(f"{float(p):.4f}\n" for p in probs))
     if code:
         raise typer.Exit(code)
 
@@ -304,8 +338,19 @@ def demo(
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point: an unexpected error becomes one line (with -v: the traceback)."""
+    try:
+        app(standalone_mode=True)
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        err.print("[bold red]interrupted[/]")
+        sys.exit(130)
+    except Exception as exc:  # the last line of defence: no tracebacks for users
+        if VERBOSE["on"]:
+            raise
+        err.print(f"[bold red]error:[/] {type(exc).__name__}: {exc}\n(run with -v for the traceback)")
+        sys.exit(1)
 
 
 if __name__ == "__main__":

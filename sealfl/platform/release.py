@@ -23,6 +23,7 @@ from pathlib import Path
 
 from sealfl.clients.stats import mean_std
 from sealfl.clients.task import HeartTask
+from sealfl.common.fsutil import atomic_write
 from sealfl.enclave.keyholder import KeyHolder
 from sealfl.enclave.release_enclave import ReleaseEnclave
 from sealfl.server.bookkeeping import load_checkpoint
@@ -61,15 +62,20 @@ def finished_checkpoint(campaign_dir: str | Path) -> dict:
     d = Path(campaign_dir)
     try:
         status = json.loads((d / "status.json").read_text())
-    except (OSError, ValueError) as exc:
+        if not isinstance(status, dict):
+            raise ValueError("status.json is not a JSON object")
+    except (OSError, ValueError, RecursionError) as exc:
         raise ReleaseError(f"{d} is not a campaign directory (no readable status.json); run 'sealfl campaign run'") from exc
     if status.get("status") != "finished":
         raise ReleaseError(f"campaign {d} is {status.get('status')!r}, not finished"
                            f"{': ' + str(status.get('error')) if status.get('error') else ''}; nothing to release")
     try:
         ckpt = load_checkpoint(d)
-    except (OSError, ValueError, KeyError) as exc:
-        raise ReleaseError(f"campaign {d} has no readable checkpoint: {exc}") from exc
+    except Exception as exc:  # numpy/zipfile raise many types on a truncated file
+        raise ReleaseError(f"campaign {d} has no readable checkpoint: {type(exc).__name__}: {exc}") from exc
+    if not (math.isfinite(ckpt["model_weight"]) and ckpt["model_weight"] >= 1):
+        raise ReleaseError(f"checkpoint of {d} has total weight {ckpt['model_weight']} (a sample count >= 1 is "
+                           "expected); the checkpoint is corrupt")
     if ckpt["round"] != status.get("num_rounds"):
         raise ReleaseError(f"checkpoint of {d} is from round {ckpt['round']}, the campaign ran "
                            f"{status.get('num_rounds')} rounds; not releasing a stale model")
@@ -87,6 +93,31 @@ def check_gate(fp32_accuracy: float, int8_accuracy: float, max_drop: float) -> N
         raise ReleaseError(
             f"INT8 pooled test accuracy {int8_accuracy:.4f} is {100 * drop:.2f} points below fp32 "
             f"{fp32_accuracy:.4f} (allowed: {100 * max_drop:.2f}); not releasing")
+
+
+def issued_versions(cons: Consortium) -> list[dict]:
+    """The consortium's release register (``releases.json``): one entry per release written."""
+    p = cons.dir / "releases.json"
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError, RecursionError) as exc:
+        raise ReleaseError(f"{p} is unreadable ({exc}); restore it before releasing") from exc
+    return [e for e in data if isinstance(e, dict) and isinstance(e.get("version"), int)]
+
+
+def _check_version(cons: Consortium, version: int) -> None:
+    latest = max((e["version"] for e in issued_versions(cons)), default=None)
+    if latest is not None and version <= latest:
+        raise ReleaseError(f"version {version} is not newer than the latest release v{latest} of this consortium; "
+                           f"devices would refuse it -- use --version {latest + 1}")
+
+
+def _register(cons: Consortium, summary: dict) -> None:
+    entries = issued_versions(cons) + [{"version": summary["version"], "root_digest": summary["root_digest"],
+                                        "dir": summary["dir"], "time": time.time()}]
+    atomic_write(cons.dir / "releases.json", json.dumps(entries, indent=2).encode(), 0o644)
 
 
 @dataclass
@@ -115,7 +146,8 @@ def release(consortium_dir: str | Path, campaign_dir: str | Path, out_dir: str |
     Raises:
         ConsortiumError: not a consortium directory.
         UnsealError: the release enclave's code changed since provisioning.
-        ReleaseError: the campaign did not finish or has no final checkpoint, a partner did
+        ReleaseError: ``version`` is not newer than every earlier release of the consortium
+            (``releases.json``), the campaign did not finish or has no final checkpoint, a partner did
             not evaluate, or the INT8 model fails the accuracy gate (nothing is written).
         ReleaseWriteError: ``out_dir`` is not empty (from the enclave).
     """
@@ -123,6 +155,7 @@ def release(consortium_dir: str | Path, campaign_dir: str | Path, out_dir: str |
         raise ReleaseError(f"max_drop must lie in [0, 1], got {max_drop}")
     t0 = time.perf_counter()
     cons = Consortium.load(consortium_dir)
+    _check_version(cons, version)
     ckpt = finished_checkpoint(campaign_dir)
     enclave = ReleaseEnclave.open(enclave_dir(cons))
     keys = KeyHolder(enclave, cons.ckks, bytes.fromhex(cons.context_id))
@@ -143,5 +176,6 @@ def release(consortium_dir: str | Path, campaign_dir: str | Path, out_dir: str |
         "accuracy": {"fp32_pooled_test": acc["fp32"]["pooled"], "int8_pooled_test": acc["int8"]["pooled"]},
     }
     summary = enclave.write_release(out_dir, {MODEL_FILE: int8}, name, version, metadata)
+    _register(cons, summary)
     return ReleaseResult(summary, acc, {"fp32_onnx_bytes": len(fp32), "int8_onnx_bytes": len(int8)},
                          params.tolist(), time.perf_counter() - t0)

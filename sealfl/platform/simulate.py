@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from pathlib import Path
 
 from .errors import SimulationError
 
@@ -21,10 +22,14 @@ log = logging.getLogger(__name__)
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
     """Fail fast if a Ray GCS address (``host:port``, optionally ``ray://``) does not accept
     TCP connections: ``ray.init`` would otherwise retry for minutes. Raises SimulationError."""
+    if address == "auto":  # Ray reads the address of the last cluster started here
+        try:
+            address = Path("/tmp/ray/ray_current_cluster").read_text().split()[0]
+        except (OSError, IndexError) as exc:
+            raise SimulationError("--ray-address auto: no Ray cluster was started on this machine "
+                                  "('ray start --head'), or drop --ray-address to use a local Ray") from exc
     hostport = address.split("://", 1)[-1]
     host, _, port = hostport.rpartition(":")
-    if address == "auto":
-        return
     try:
         with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s):
             pass

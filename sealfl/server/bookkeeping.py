@@ -15,6 +15,7 @@ Nothing here is secret: the aggregator only ever holds ciphertexts.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ class RoundLog:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.num_rounds = num_rounds
         self.status: dict[str, Any] = {"status": "running", "round": 0, "num_rounds": num_rounds, "error": None,
-                                       "started": time.time()}
+                                       "started": time.time(), "pid": os.getpid()}
         self.current: dict[str, Any] = {}
 
     def set_status(self, **kw: Any) -> None:
@@ -53,9 +54,20 @@ class RoundLog:
         self.set_status(round=server_round)
 
     def rounds(self) -> list[dict]:
-        """All finished rounds, oldest first."""
+        """All finished rounds, oldest first. A line that is not a JSON object (e.g. a
+        partial last line while the aggregator writes) is skipped."""
         p = self.dir / "rounds.jsonl"
-        return [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.exists() else []
+        if not p.exists():
+            return []
+        out = []
+        for line in p.read_text(errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(rec, dict) and isinstance(rec.get("round"), int):
+                out.append(rec)
+        return out
 
 
 def save_checkpoint(campaign_dir: str | Path, server_round: int, model_ct: bytes, model_weight: float, stats_ct: bytes) -> Path:
