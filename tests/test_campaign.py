@@ -118,3 +118,31 @@ def test_campaign_refuses_to_overwrite_a_campaign(consortium, tmp_path):
     (out / "status.json").write_text('{"status": "finished"}')
     with pytest.raises(CampaignError, match="--overwrite"):
         run_campaign(CampaignSpec(str(consortium.dir), str(out), rounds=1))
+
+
+def test_ctrl_c_stops_the_campaign_and_records_it(consortium, tmp_path):
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "camp"
+    proc = subprocess.Popen([sys.executable, "-m", "sealfl.platform.cli", "campaign", "run", "-c", str(consortium.dir),
+                             "-o", str(out), "--rounds", "500"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if (out / "rounds.jsonl").exists():
+                break
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err.decode(errors="replace")[-3000:]
+    status = json.loads((out / "status.json").read_text())
+    assert status["status"] == "interrupted" and "signal 2" in status["error"]
+    assert (out / "checkpoint" / "global.npz").exists()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 
-
 import numpy as np
 import onnxruntime as ort
 import pytest

@@ -132,7 +132,7 @@ def run_campaign(spec: CampaignSpec, on_round: Callable[[dict], None] | None = N
         ray_info, failure = run_on_ray(
             make_server_app(cfg), client_app or make_client_app(str(cons.dir.resolve())), n,
             ray_address=spec.ray_address, cpus_per_partner=spec.cpus_per_partner,
-            flower_log_level=spec.flower_log_level)
+            flower_log_level=spec.flower_log_level, on_interrupt=lambda sig: _mark_interrupted(out, sig))
     finally:
         stop.set()
         if watcher:
@@ -144,6 +144,24 @@ def run_campaign(spec: CampaignSpec, on_round: Callable[[dict], None] | None = N
         raise CampaignError(
             f"campaign in {out} did not finish: {status.get('error') or failure or status.get('status')}") from failure
     return CampaignResult(out, status, RoundLog(out, spec.rounds).rounds(), seconds, ray_info)
+
+
+def _mark_interrupted(out: Path, signum: int) -> None:
+    """Record in ``status.json`` that the campaign was stopped by a signal."""
+    from sealfl.common.fsutil import atomic_write
+    from sealfl.server.bookkeeping import FROZEN, STATUS_LOCK
+
+    with STATUS_LOCK:
+        FROZEN.set()  # the aggregator thread keeps running until exit: stop its status writes
+        p = out / "status.json"
+        try:
+            status = json.loads(p.read_text())
+        except (OSError, ValueError):
+            status = {}
+        status.update(status="interrupted", error=f"stopped by signal {signum} after round "
+                      f"{status.get('round', 0)}; the checkpoint of that round is intact")
+        atomic_write(p, json.dumps(status, indent=2).encode(), 0o644)
+    log.warning("campaign interrupted by signal %d", signum)
 
 
 def _watch(out: Path, on_round: Callable[[dict], None], stop: threading.Event) -> None:

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from .errors import SimulationError
@@ -76,13 +79,41 @@ def _hide_run_simulation_deprecation() -> None:
             h.addFilter(_DropDeprecation())
 
 
+def _exit_on_signal(on_interrupt: Callable[[int], None] | None, started_ray: bool):
+    """Install SIGINT/SIGTERM handlers (main thread only) that record the interruption,
+    stop the Ray we started and exit 128+signal. Flower's simulation runtime does not stop
+    on Ctrl-C (seen with flwr 1.42: the driver waited forever for dead Ray actors).
+    Everything a campaign needs to resume is already on disk (checkpoint per round).
+    Returns the previous handlers (to restore) or None off the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum, frame):  # noqa: ARG001
+        try:
+            if on_interrupt is not None:
+                on_interrupt(signum)
+        finally:
+            if started_ray:
+                try:
+                    import ray
+
+                    ray.shutdown()
+                except Exception:  # exiting anyway
+                    pass
+            os._exit(128 + signum)
+
+    return {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+
+
 def run_on_ray(server_app, client_app, num_supernodes: int, *, ray_address: str | None = None,
-               cpus_per_partner: float = 1.0, flower_log_level: str = "WARNING") -> tuple[dict, BaseException | None]:
+               cpus_per_partner: float = 1.0, flower_log_level: str = "WARNING",
+               on_interrupt: Callable[[int], None] | None = None) -> tuple[dict, BaseException | None]:
     """Run one Flower app pair to completion.
 
     Returns ``({"gcs_address", "started_here"}, the ServerApp's exception or None)``:
     Flower re-raises the ServerApp thread's error; callers turn it into their own error
-    with the context they recorded on disk.
+    with the context they recorded on disk. On SIGINT/SIGTERM ``on_interrupt(signum)`` is
+    called, Ray is stopped and the process exits with 128 + signum.
     """
     import ray
     from flwr.simulation import run_simulation
@@ -93,12 +124,16 @@ def run_on_ray(server_app, client_app, num_supernodes: int, *, ray_address: str 
     started = _ray_init(ray_address)
     info = {"gcs_address": ray.get_runtime_context().gcs_address, "started_here": started}
     failure: BaseException | None = None
+    previous = _exit_on_signal(on_interrupt, started)
     try:
         run_simulation(server_app=server_app, client_app=client_app, num_supernodes=num_supernodes,
                        backend_config={"client_resources": {"num_cpus": cpus_per_partner, "num_gpus": 0.0}})
     except Exception as exc:  # run_simulation re-raises the ServerApp thread's error
         failure = exc
     finally:
+        if previous:
+            for sig, h in previous.items():
+                signal.signal(sig, h)
         if started:
             ray.shutdown()
     return info, failure

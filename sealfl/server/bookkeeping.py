@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,13 @@ from typing import Any
 import numpy as np
 
 from sealfl.common.fsutil import atomic_write
+
+
+#: Set when the process is being stopped by a signal: the aggregator thread must not
+#: overwrite the "interrupted" status the signal handler records.
+FROZEN = threading.Event()
+#: Held around every status.json write, so "check FROZEN, then write" is atomic.
+STATUS_LOCK = threading.Lock()
 
 
 class RoundLog:
@@ -37,9 +45,12 @@ class RoundLog:
         self.current: dict[str, Any] = {}
 
     def set_status(self, **kw: Any) -> None:
-        """Update and atomically rewrite ``status.json``."""
-        self.status.update(kw)
-        atomic_write(self.dir / "status.json", json.dumps(self.status, indent=2).encode(), 0o644)
+        """Update and atomically rewrite ``status.json`` (no-op once :data:`FROZEN` is set)."""
+        with STATUS_LOCK:
+            if FROZEN.is_set():
+                return
+            self.status.update(kw)
+            atomic_write(self.dir / "status.json", json.dumps(self.status, indent=2).encode(), 0o644)
 
     def note(self, **kw: Any) -> None:
         """Add fields to the record of the round in progress."""
@@ -47,6 +58,8 @@ class RoundLog:
 
     def end_round(self, server_round: int) -> None:
         """Append the round's record to ``rounds.jsonl`` and advance ``status.json``."""
+        if FROZEN.is_set():
+            return
         rec = {"round": server_round, **self.current}
         with open(self.dir / "rounds.jsonl", "a") as fh:
             fh.write(json.dumps(rec) + "\n")
