@@ -146,3 +146,8 @@ def test_ctrl_c_stops_the_campaign_and_records_it(consortium, tmp_path):
     status = json.loads((out / "status.json").read_text())
     assert status["status"] == "interrupted" and "signal 2" in status["error"]
     assert (out / "checkpoint" / "global.npz").exists()
+
+
+def test_campaign_dir_may_not_overlap_the_consortium(consortium):
+    with pytest.raises(CampaignError, match="overlaps"):
+        run_campaign(CampaignSpec(str(consortium.dir), str(consortium.dir / "camp"), rounds=1))

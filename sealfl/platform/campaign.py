@@ -86,6 +86,26 @@ def check_spec(spec: CampaignSpec, num_partners: int, min_partners: int) -> None
         raise CampaignError(f"learning rate must be a positive finite number, got {spec.lr}")
 
 
+def preflight(spec: CampaignSpec) -> tuple[Consortium, int]:
+    """Everything that can be checked before Ray starts. Returns (consortium, min_partners).
+
+    Raises ConsortiumError or CampaignError with what is wrong.
+    """
+    cons = Consortium.load(spec.consortium_dir)
+    n = len(cons.partners)
+    min_partners = spec.min_partners if spec.min_partners is not None else max(2, n - 1)
+    check_spec(spec, n, min_partners)
+    out, cdir = Path(spec.out_dir).resolve(), cons.dir.resolve()
+    if out == cdir or cdir in out.parents or out in cdir.parents:
+        raise CampaignError(f"the campaign directory {spec.out_dir} overlaps the consortium directory; keep them apart")
+    if out.exists() and not out.is_dir():
+        raise CampaignError(f"{spec.out_dir} is a file; give a directory for the campaign")
+    if (out / "status.json").exists() and not spec.overwrite:
+        raise CampaignError(f"{spec.out_dir} already holds a campaign (a release may have been built from it); "
+                            "choose a new --out or pass --overwrite")
+    return cons, min_partners
+
+
 def run_campaign(spec: CampaignSpec, on_round: Callable[[dict], None] | None = None, client_app=None) -> CampaignResult:
     """Run a campaign to the end.
 
@@ -100,17 +120,10 @@ def run_campaign(spec: CampaignSpec, on_round: Callable[[dict], None] | None = N
     """
     from sealfl.clients.app import make_client_app
 
-    cons = Consortium.load(spec.consortium_dir)
+    cons, min_partners = preflight(spec)
     out = Path(spec.out_dir)
     task = HeartTask()
     n = len(cons.partners)
-    min_partners = spec.min_partners if spec.min_partners is not None else max(2, n - 1)
-    check_spec(spec, n, min_partners)
-    if out.exists() and not out.is_dir():
-        raise CampaignError(f"{out} is a file; give a directory for the campaign")
-    if (out / "status.json").exists() and not spec.overwrite:
-        raise CampaignError(f"{out} already holds a campaign (a release may have been built from it); "
-                            "choose a new --out or pass --overwrite")
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("rounds.jsonl", "status.json", "checkpoint/global.npz"):
         (out / stale).unlink(missing_ok=True)

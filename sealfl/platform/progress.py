@@ -5,12 +5,13 @@ from __future__ import annotations
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .campaign import CampaignResult, CampaignSpec, run_campaign
+from .campaign import CampaignResult, CampaignSpec, preflight, run_campaign
 
 
 def run_campaign_with_progress(spec: CampaignSpec, console: Console, client_app=None) -> CampaignResult:
     """:func:`run_campaign` with a progress bar; each finished round prints its accuracy,
     accepted/rejected partners and time. Raises what :func:`run_campaign` raises."""
+    preflight(spec)  # fail on bad settings before drawing a progress bar
     with Progress(TextColumn("[bold]encrypted rounds"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.description}"), console=console, transient=False) as bar:
         task = bar.add_task("starting Ray + Flower, statistics round…", total=spec.rounds)
