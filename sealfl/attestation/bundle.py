@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 
 from Crypto.PublicKey import ECC
 
-from .canonical import JSONFormatError, canonical_json, loads_strict
+from .canonical import canonical_json, load_document
 from .dsse import sign_envelope
 from .errors import ManifestError, QuoteError
 from .manifest import build_manifest, manifest_bytes, validate_path
@@ -77,12 +77,7 @@ def parse_attestation(data: bytes) -> dict:
         QuoteError: not strict JSON, wrong schema, no quote object, or the informational
             ``backend`` field disagrees with the signed quote's backend.
     """
-    try:
-        doc = loads_strict(data)
-    except JSONFormatError as exc:
-        raise QuoteError(f"attestation is not strict JSON: {exc}") from exc
-    if doc.get("schema") != ATTESTATION_SCHEMA:
-        raise QuoteError(f"attestation schema must be {ATTESTATION_SCHEMA!r}, got {doc.get('schema')!r}")
+    doc = load_document(data, "attestation", "schema", ATTESTATION_SCHEMA, QuoteError)
     quote = doc.get("quote")
     if not isinstance(quote, dict):
         raise QuoteError("attestation has no 'quote' object")

@@ -15,9 +15,10 @@ object.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["canonical_json", "loads_strict", "JSONFormatError"]
+__all__ = ["canonical_json", "loads_strict", "load_document", "JSONFormatError"]
 
 
 class JSONFormatError(ValueError):
@@ -85,3 +86,22 @@ def loads_strict(data: bytes) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise JSONFormatError(f"top-level JSON value must be an object, got {type(obj).__name__}")
     return obj
+
+
+def load_document(data: bytes, what: str, field: str, expected: str,
+                  error: Callable[[str], Exception]) -> dict[str, Any]:
+    """Parse ``data`` with :func:`loads_strict` and require ``doc[field] == expected``.
+
+    ``what`` names the document in messages (e.g. ``"attestation"``); ``error`` builds the
+    exception to raise (the caller's own error type).
+
+    Raises:
+        whatever ``error`` builds: not strict JSON, or the type/schema field is wrong.
+    """
+    try:
+        doc = loads_strict(data)
+    except JSONFormatError as exc:
+        raise error(f"{what} is not strict JSON: {exc}") from exc
+    if doc.get(field) != expected:
+        raise error(f"{what} {field} must be {expected!r}, got {doc.get(field)!r}")
+    return doc

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .canonical import JSONFormatError, canonical_json, loads_strict
+from .canonical import canonical_json, load_document
 from .errors import ManifestError, StatementError
 from .manifest import check_file_entries, is_sha256_hex
 
@@ -89,12 +89,7 @@ def parse_statement(payload: bytes) -> ReleaseStatement:
             subject with a sha256 digest, predicate name/version/files/metadata malformed,
             or subject and predicate names disagree.
     """
-    try:
-        obj = loads_strict(payload)
-    except JSONFormatError as exc:
-        raise StatementError(f"statement is not strict JSON: {exc}") from exc
-    if obj.get("_type") != STATEMENT_TYPE:
-        raise StatementError(f"statement _type must be {STATEMENT_TYPE!r}, got {obj.get('_type')!r}")
+    obj = load_document(payload, "statement", "_type", STATEMENT_TYPE, StatementError)
     if obj.get("predicateType") != PREDICATE_TYPE:
         raise StatementError(
             f"predicateType must be {PREDICATE_TYPE!r}, got {obj.get('predicateType')!r}"

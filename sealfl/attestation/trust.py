@@ -28,7 +28,7 @@ from pathlib import Path
 from Crypto.PublicKey import ECC
 
 from . import keys as _keys
-from .canonical import JSONFormatError, canonical_json, loads_strict
+from .canonical import canonical_json, load_document
 from .errors import KeyFormatError, TrustAnchorError
 from .manifest import is_sha256_hex
 from .quote import INSECURE_BACKENDS, KNOWN_BACKENDS, NUM_PCRS
@@ -101,12 +101,7 @@ def parse_trust_anchors(release_key_pem: bytes, ak_pem: bytes, policy_json: byte
         ak = _keys.load_public_key(ak_pem)
     except KeyFormatError as exc:
         raise TrustAnchorError(f"trust anchor {AK_FILE}: {exc}; re-export the trust anchors") from exc
-    try:
-        policy = loads_strict(policy_json)
-    except JSONFormatError as exc:
-        raise _policy_error(f"not strict JSON ({exc})") from exc
-    if policy.get("schema") != POLICY_SCHEMA:
-        raise _policy_error(f"schema must be {POLICY_SCHEMA!r}, got {policy.get('schema')!r}")
+    policy = load_document(policy_json, "policy", "schema", POLICY_SCHEMA, _policy_error)
     raw_pcrs = policy.get("expected_pcrs")
     if not isinstance(raw_pcrs, dict) or not raw_pcrs:
         raise _policy_error("'expected_pcrs' must be a non-empty object")
@@ -197,31 +192,17 @@ def load_trust_anchors(trust_dir: str | os.PathLike) -> TrustAnchors:
     return parse_trust_anchors(blobs[RELEASE_KEY_FILE], blobs[AK_FILE], blobs[POLICY_FILE])
 
 
-def write_trust_anchors(
-    trust_dir: str | os.PathLike,
-    *,
-    release_public_keys: Iterable[ECC.EccKey],
-    ak_public_key: ECC.EccKey,
-    expected_pcrs: Mapping[int, str],
-    allowed_backends: Iterable[str] = ("tpm",),
-    allow_insecure_sim: bool = False,
-    min_version: int = 0,
-    overwrite: bool = False,
-) -> Path:
-    """Write the trust directory (mode 0644 files, each replaced atomically). Returns its path.
+def write_trust_anchors(trust_dir: str | os.PathLike, files: Mapping[str, bytes], *,
+                        overwrite: bool = False) -> Path:
+    """Write the trust directory ``files`` (from :func:`trust_anchor_files`), mode 0644,
+    each replaced atomically. Returns its path.
 
     Raises:
-        TrustAnchorError: invalid values, or a trust file exists and ``overwrite`` is False.
+        TrustAnchorError: ``files`` are not valid trust anchors, or a trust file exists and
+            ``overwrite`` is False.
         OSError: the directory cannot be created or written.
     """
-    files = trust_anchor_files(
-        release_public_keys=release_public_keys,
-        ak_public_key=ak_public_key,
-        expected_pcrs=expected_pcrs,
-        allowed_backends=allowed_backends,
-        allow_insecure_sim=allow_insecure_sim,
-        min_version=min_version,
-    )
+    parse_trust_anchors(files[RELEASE_KEY_FILE], files[AK_FILE], files[POLICY_FILE])
     root = Path(trust_dir)
     root.mkdir(parents=True, exist_ok=True)
     if not overwrite:

@@ -33,7 +33,7 @@ from sealfl.attestation.bundle import assemble_release
 from sealfl.attestation.canonical import canonical_json, loads_strict
 from sealfl.attestation.errors import AttestationError, VerificationError
 from sealfl.attestation.release import TrustAnchors, verify_release
-from sealfl.attestation.trust import write_trust_anchors
+from sealfl.attestation.trust import trust_anchor_files, write_trust_anchors
 
 from . import measure as _measure
 from sealfl.common.fsutil import atomic_write, ensure_private_dir
@@ -172,16 +172,15 @@ class ReleaseEnclave:
             TrustAnchorError: trust files exist and ``overwrite`` is False.
         """
         anchors = self.trust_anchors(min_version)
-        return write_trust_anchors(
-            trust_dir,
+        files = trust_anchor_files(
             release_public_keys=anchors.release_public_keys,
             ak_public_key=anchors.ak_public_key,
             expected_pcrs=anchors.expected_pcrs,
             allowed_backends=anchors.allowed_backends,
             allow_insecure_sim=anchors.allow_insecure_sim,
             min_version=min_version,
-            overwrite=overwrite,
         )
+        return write_trust_anchors(trust_dir, files, overwrite=overwrite)
 
     def attest(self, nonce: bytes) -> dict:
         """A fresh quote over PCR 16 carrying ``nonce`` (for key brokers / remote verifiers)."""
