@@ -205,6 +205,8 @@ def test_device_boot_cli_keeps_last_good_and_exits_3(built, tmp_path):
     ("age,sex\n" + ",".join(["1"] * 13) + "\n", "header has 2 columns"),
     (",".join(["1"] * 12 + ["1e39"]) + "\n", "float32"),
     ("", "no data rows"),
+    # the hardening issue's example: another patient's implausible chol is refused by name
+    ("63,1,145,233,1,150,0,2.3,0,0,1,0,0\n63,1,145,100000,1,150,0,2.3,0,0,1,0,0\n", "row 2, column 'chol'"),
 ])
 def test_device_boot_cli_rejects_bad_input_rows(built, tmp_path, content, words):
     f = tmp_path / "in.csv"
@@ -213,6 +215,20 @@ def test_device_boot_cli_rejects_bad_input_rows(built, tmp_path, content, words)
              "-s", tmp_path / "s", "--input", f)
     assert r.returncode == 1
     assert words in " ".join(r.stderr.split()) and "Traceback" not in r.stderr
+
+
+def test_release_states_its_quantisation_canary_and_input_ranges(built):
+    from sealfl.clients.data import FEATURE_SPEC
+
+    meta = json.loads((built["root"] / "release" / "manifest.json").read_text())["metadata"]
+    assert meta["quantization"]["name"] == "sealfl.int8-per-row/v1"
+    assert meta["input"]["features"] == [dict(f) for f in FEATURE_SPEC]
+    canary = meta["canary"]
+    assert canary["tolerance"] == 1e-4 and len(canary["inputs"]) == len(canary["expected"]) >= 8
+    # the canary's expected outputs are what onnxruntime computes on this CPU, within tolerance
+    int8 = (built["root"] / "release" / MODEL_FILE).read_bytes()
+    got = ort.InferenceSession(int8).run(None, {"features": np.asarray(canary["inputs"], np.float32)})[0]
+    np.testing.assert_allclose(got, np.asarray(canary["expected"]), rtol=0, atol=canary["tolerance"])
 
 
 def test_release_versions_must_increase(built, tmp_path):

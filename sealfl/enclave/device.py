@@ -10,7 +10,9 @@
 6. extend the verified root digest into PCR 23;
 7. start :class:`~sealfl.enclave.runtime.SandboxedRuntime` with the verified bytes of the
    model file (``metadata["model_file"]``, else the single ``.onnx`` payload file);
-8. health check (ping + one inference on zeros when the first input is float);
+8. health check (ping + one inference on zeros when the first input is float), then the
+   release's signed canary (:mod:`sealfl.enclave.acceptance`): batch and row-by-row
+   answers must match the canary's expected outputs within its tolerance;
 9. keep a private copy of the verified bytes in ``state_dir/slots/<envelope digest>`` and
    record ``state.json`` atomically: ``{"schema": "sealfl.device-state/v1",
    "last_good": {"name", "version", "root_digest", "release_dir" (the slot, relative to
@@ -46,9 +48,13 @@ from sealfl.attestation.release import (
     verify_release,
 )
 
+from sealfl.attestation.errors import CanaryError
+
 from . import measure as _measure
+from .acceptance import input_spec_of, run_canary
+from .inputs import check_rows
 from sealfl.common.fsutil import atomic_write, ensure_private_dir
-from .errors import BootError, EnclaveError, RuntimeSandboxError
+from .errors import BootError, EnclaveError, InputSpecError, RuntimeSandboxError
 from .runtime import SandboxedRuntime
 from .tee import TEE, create_tee, load_tee
 
@@ -82,17 +88,21 @@ class BootedDevice:
         self.runtime = runtime
         self.tee = tee
         self.release_dir = release_dir
+        self.input_spec = input_spec_of(release.metadata)
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         """Run the model on ``x`` (float32, shape ``(n, d)``) via its first input; return output 0.
 
+        Every row is first checked against the release's signed feature ranges
+        (:func:`sealfl.enclave.inputs.check_rows`).
+
         Raises:
-            ValueError: ``x`` is not 2-D.
+            InputRangeError (a ValueError): ``x`` is not 2-D with the model's width, or a
+                cell is not finite or outside its documented range (names row and column).
             RuntimeSandboxError: inference failed in the sandbox.
         """
         arr = np.asarray(x, dtype=np.float32)
-        if arr.ndim != 2:
-            raise ValueError(f"predict expects a 2-D (n, d) array, got shape {arr.shape}")
+        check_rows(self.input_spec, arr)
         return self.runtime.run({self.runtime.input_names[0]: arr})[0]
 
     def attest(self, nonce: bytes) -> dict:
@@ -246,10 +256,16 @@ def _boot_locked(trust_dir, release_dir, state_root: Path, *, backend: str, reco
         raise BootError(f"cannot start the runtime for {model_file}: {exc}", reason="runtime") from exc
     try:
         _health_check(runtime)
-    except RuntimeSandboxError as exc:
+        input_spec_of(release.metadata)
+        run_canary(runtime, release.metadata)
+    except (RuntimeSandboxError, InputSpecError) as exc:
         runtime.close()
         raise BootError(f"health check of {release.name} v{release.version} failed: {exc}",
                         reason="health-check") from exc
+    except CanaryError as exc:
+        runtime.close()
+        raise BootError(f"release {release.name} v{release.version} fails its signed canary on this device: {exc}",
+                        reason="canary") from exc
     if record:
         try:
             slot = _store_slot(state_root, files)

@@ -48,7 +48,7 @@ DEVICE_RELEASE_PCR = 23
 
 ATTESTATION_MODULES: tuple[str, ...] = ("sealfl.common.errors", "sealfl.common.fsutil") + tuple(
     f"sealfl.attestation.{m}"
-    for m in ("__init__", "bundle", "canonical", "dsse", "errors", "keys", "manifest",
+    for m in ("__init__", "bundle", "canary", "canonical", "dsse", "errors", "keys", "manifest",
               "quote", "release", "statement", "trust")
 )
 #: The release enclave = attestation code + TEE + release enclave + the CKKS key holder
@@ -59,7 +59,7 @@ RELEASE_ENCLAVE_MODULES: tuple[str, ...] = ATTESTATION_MODULES + tuple(
 )
 DEVICE_RUNTIME_MODULES: tuple[str, ...] = ATTESTATION_MODULES + tuple(
     f"sealfl.enclave.{m}"
-    for m in ("__init__", "device", "errors", "measure", "runtime",
+    for m in ("__init__", "acceptance", "device", "errors", "inputs", "measure", "runtime",
               "runtime_child", "sim", "tee")
 )
 
