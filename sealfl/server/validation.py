@@ -151,10 +151,11 @@ def _short(value: Any) -> str:
 _KINDS = {"array": ArrayRecord, "metric": MetricRecord, "config": ConfigRecord}
 
 
-def check_shape(content: Any, expected: Mapping[str, tuple[str, Sequence[str]]]) -> None:
+def check_shape(content: Any, expected: Mapping[str, tuple]) -> None:
     """Check that ``content`` (a RecordDict) holds exactly the records ``expected`` names
-    (``{record name: (kind, keys)}``, kind one of ``"array"``, ``"metric"``,
-    ``"config"``), each of that kind with exactly those keys. Raises ReplyError."""
+    (``{record name: (kind, keys[, optional keys])}``, kind one of ``"array"``,
+    ``"metric"``, ``"config"``), each of that kind with exactly those keys (plus any of
+    the optional ones). Raises ReplyError."""
     try:
         names = set(content.keys())
     except Exception as exc:  # not a RecordDict at all
@@ -163,11 +164,11 @@ def check_shape(content: Any, expected: Mapping[str, tuple[str, Sequence[str]]])
         extra, missing = sorted(names - set(expected)), sorted(set(expected) - names)
         raise ReplyError("content", "unexpected records " + (f"{extra}" if extra else "[]")
                          + ", missing records " + (f"{missing}" if missing else "[]"))
-    for name, (kind, keys) in expected.items():
+    for name, (kind, keys, *optional) in expected.items():
         rec = content[name]
         if not isinstance(rec, _KINDS[kind]):
             raise ReplyError(name, f"must be a {_KINDS[kind].__name__}, got {type(rec).__name__}")
-        have = set(rec.keys())
+        have = set(rec.keys()) - set(optional[0] if optional else ())
         if have != set(keys):
             raise ReplyError(name, f"unexpected keys {sorted(have - set(keys))}, missing keys {sorted(set(keys) - have)}")
 
@@ -212,8 +213,10 @@ def check_frame(codec: CKKSCodec, blob: bytes, length: int, field: str) -> list[
 
 # ---- reply kinds -------------------------------------------------------------------------
 
-def _partner_shape(signed: bool) -> tuple[str, tuple[str, tuple[str, ...]]]:
-    return (P.PARTNER, ("config", (P.NAME, P.SIGNATURE) if signed else (P.NAME,)))
+def _partner_shape(signed: bool) -> tuple[str, tuple]:
+    """The ``partner`` record: name and signature (the signature is optional -- and not
+    checked -- when the campaign has no partner keys)."""
+    return (P.PARTNER, ("config", (P.NAME, P.SIGNATURE)) if signed else ("config", (P.NAME,), (P.SIGNATURE,)))
 
 
 def parse_train_reply(content: Any, *, codec: CKKSCodec, length: int, limits: ReplyLimits, declared_n: int,
