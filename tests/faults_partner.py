@@ -143,6 +143,14 @@ def make_app(consortium_dir: str, **kwargs) -> ClientApp:
     """
     faults = dict(kwargs.get("faults", {}))
     pad_bytes = int(kwargs.get("pad_bytes", 64 << 20))
+    try:  # Ray workers cannot import tests/: ship this module's code with the app
+        import sys
+
+        import ray.cloudpickle
+
+        ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    except ImportError:  # no Ray: nothing is pickled
+        pass
     app = ClientApp()
 
     @app.query()

@@ -193,7 +193,7 @@ class EncryptedFedAvg(FedAvg):
         passes :func:`parse_eval_reply` (counts are integers, correct <= n, n equal to
         the partner's earlier n, accuracy = correct/n, loss finite and bounded); per-partner
         figures and refusals (``eval_rejected``) go to the round log, which closes the round
-        (also when no reply counts: ``pooled_test_accuracy`` is then None)."""
+        (also when no reply counts: ``pooled_test_accuracy`` is then NaN)."""
         roster = self.roster
         screened = screen(
             replies, self._sent, roster,
@@ -205,7 +205,7 @@ class EncryptedFedAvg(FedAvg):
             roster.n_test.setdefault(p, r.n)
             per[p] = {"accuracy": r.accuracy, "loss": r.loss, "correct": r.correct, "n": r.n}
         n = sum(v["n"] for v in per.values())
-        acc = sum(v["correct"] for v in per.values()) / n if n else None
+        acc = sum(v["correct"] for v in per.values()) / n if n else float("nan")
         if self.round_log is not None:
             self.round_log.note(pooled_test_accuracy=acc, per_partner=per,
                                 eval_rejected={**self._absent, **screened.rejected},
