@@ -36,8 +36,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from Crypto.PublicKey import ECC
-
 from sealfl.attestation import keys as _keys
 from sealfl.attestation.errors import KeyFormatError
 from sealfl.common import protocol as P
