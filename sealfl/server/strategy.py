@@ -124,7 +124,7 @@ class EncryptedFedAvg(FedAvg):
         # keep the Message objects: the Grid sets their ids in place when it pushes them,
         # and each reply is matched to the message (and node) it answers
         self._sent = list(self._construct_messages(record, nodes, message_type))
-        log.info("%s round %d: sent to %d partner nodes", phase, server_round, len(nodes))
+        log.info("%s round %d: sending to %d partner nodes", phase, server_round, len(nodes))
         return self._sent
 
     def configure_train(self, server_round, arrays, config, grid):
