@@ -63,6 +63,11 @@ def _faulty_app(consortium_dir, bad_partition, mode):
             else:  # truncated
                 bad = good[: len(good) // 2].copy()
             reply.content["update"]["update_ct"] = Array(bad)
+            # the partner itself sends it: signed with its own key, so the ciphertext checks must catch it
+            from sealfl.clients.kit import kit_dir, load_kit
+
+            capp.sign_reply(load_kit(str(kit_dir(consortium_dir, reply.content["partner"]["name"]))), msg,
+                            reply.content)
         return reply
 
     @app.evaluate()
@@ -79,6 +84,7 @@ def test_garbage_ciphertext_is_rejected_and_round_goes_on(consortium, tmp_path):
     (r,) = res.rounds
     assert r["accepted"] == sorted(set(HOSPITALS) - {HOSPITALS[1]})
     assert list(r["rejected"]) == [HOSPITALS[1]]
+    assert "update.update_ct" in r["rejected"][HOSPITALS[1]]
     assert r["pooled_test_accuracy"] > _round0_accuracy() + 0.1
 
 

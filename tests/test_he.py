@@ -85,3 +85,89 @@ def test_sum_of_nothing_is_an_error(codecs):
     _, public = codecs
     with pytest.raises(CiphertextError):
         sum_chunks(public, validate_frames(public, {}, 3), 3)
+
+
+# ---- what summation needs, checked per partner before anything is added ----------------
+
+def _rescaled(secret, values, scale_bits):
+    import tenseal as ts
+
+    ctx = ts.context_from(secret.secret_context_bytes())
+    ctx.global_scale = 2.0**scale_bits
+    return secret.frame(len(values), [ts.ckks_vector(ctx, list(values)).serialize()])
+
+
+def _lower_level(secret, values):
+    import tenseal as ts
+
+    vec = ts.ckks_vector(secret._ctx, list(values)) * ([1.0] * len(values))  # plain multiply + rescale: one prime less
+    return secret.frame(len(values), [vec.serialize()])
+
+
+def _padded(secret, values, pad):
+    _, (chunk,) = secret.split(secret.encrypt(np.asarray(values)))
+    field = bytes([(15 << 3) | 2])  # an unknown length-delimited protobuf field: TenSEAL's parser skips it
+    n = pad
+    while True:
+        b, n = n & 0x7F, n >> 7
+        field += bytes([b | 0x80]) if n else bytes([b])
+        if not n:
+            break
+    return secret.frame(len(values), [chunk + field + bytes(pad)])
+
+
+def test_kind_ciphertexts_that_cannot_be_added_are_refused_by_partner(codecs):
+    secret, public = codecs
+    ones = np.ones(14)
+    frames = {
+        "good": secret.encrypt(ones),
+        "scale-2^30": _rescaled(secret, ones, 30),
+        "lower-level": _lower_level(secret, ones),
+        "padded-64MiB": _padded(secret, ones, 64 << 20),
+        "padded-10B": _padded(secret, ones, 10),
+    }
+    v = validate_frames(public, frames, 14)
+    assert set(v.chunks) == {"good"}
+    assert "scale 2^30.00, expected 2^40" in v.rejected["scale-2^30"]
+    assert "another modulus level (1 primes, expected 2)" in v.rejected["lower-level"]
+    assert "exceeds the bound" in v.rejected["padded-64MiB"]
+    assert "not in canonical form" in v.rejected["padded-10B"]
+    # without the checks SEAL itself fails the sum (the round used to die here)
+    import tenseal as ts
+
+    with pytest.raises(ValueError, match="scale mismatch"):
+        ts.ckks_vector_from(public._ctx, secret.split(frames["good"])[1][0]) + \
+            ts.ckks_vector_from(public._ctx, secret.split(frames["scale-2^30"])[1][0])
+
+
+def test_kind_validated_frames_always_add(codecs):
+    secret, public = codecs
+    rng = np.random.default_rng(3)
+    frames = {f"p{i}": secret.encrypt(rng.normal(0, 100, 5000)) for i in range(3)}
+    frames.update(bad=_rescaled(secret, np.ones(5000)[:4096], 30))
+    v = validate_frames(public, frames, 5000)
+    assert set(v.rejected) == {"bad"}
+    got = secret.decrypt(sum_chunks(public, v, 5000), 5000)
+    np.testing.assert_allclose(got, sum(secret.decrypt(frames[k], 5000) for k in v.chunks), atol=1e-6)
+
+
+@pytest.mark.parametrize("params", [CKKSParams(), CKKSParams(4096, (40, 20, 40), 21), CKKSParams(8192, (60, 40, 40, 60), 40)])
+def test_frame_size_bound_holds_for_real_ciphertexts(params):
+    codec = CKKSCodec.generate(params)
+    for length in (1, params.slots, params.slots + 1):
+        for _ in range(3):
+            blob = codec.encrypt(np.random.default_rng(length).normal(0, 1e3, length))
+            assert len(blob) <= params.max_frame_bytes(length)
+            assert all(len(c) <= params.max_chunk_bytes for c in codec.split(blob)[1])
+    # the documented formula: 2 polynomials x N x data primes x 8 bytes, zstd's n/256, 4096 for headers
+    raw = 2 * params.poly_modulus_degree * (len(params.coeff_mod_bit_sizes) - 1) * 8
+    assert params.max_chunk_bytes == raw + raw // 256 + 4096
+
+
+def test_kind_oversized_frame_is_refused_before_any_chunk_is_parsed(codecs):
+    secret, public = codecs
+    blob = secret.encrypt(np.ones(14))
+    # a chunk header announcing 1 GiB, with the bytes absent: refused by size, not "truncated"
+    hdr = blob[:45] + (1 << 30).to_bytes(4, "little")
+    with pytest.raises(CiphertextError, match="more than a ciphertext of these parameters can be"):
+        public.split(hdr, 14)

@@ -10,6 +10,7 @@ from sealfl.clients.data import HOSPITALS, load_partitions
 from sealfl.clients.stats import local_sums, mean_std
 from sealfl.clients.task import HeartTask, TrainConfig
 from sealfl.common import protocol as P
+from sealfl.common.decrypted import open_stats
 from sealfl.platform.consortium import create_consortium
 
 
@@ -17,7 +18,8 @@ def _train_msg(codec, round_=1):
     parts = load_partitions()
     stats = codec.encrypt(sum(local_sums(p.x_train) for p in parts))
     content = RecordDict({
-        P.GLOBAL: ArrayRecord({"model_plain": Array(np.zeros(14)), "stats_ct": Array(P.to_u8(stats))}),
+        P.GLOBAL: ArrayRecord({"model_plain": Array(np.zeros(14)), "stats_ct": Array(P.to_u8(stats)),
+                               "stats_n": Array(np.array([sum(p.n_train for p in parts)], dtype=np.int64))}),
         P.CONFIG: ConfigRecord({"server-round": round_, "local-epochs": 2, "lr": 0.05, "batch-size": 16, "seed": 0}),
     })
     return Message(content=content, dst_node_id=1, message_type="train")
@@ -39,8 +41,11 @@ def test_train_reply_holds_ciphertext_only(tmp_path, monkeypatch):
         monkeypatch.setattr(TaskIdentity, attr, 1, raising=False)
     cons, codec = create_consortium(tmp_path / "c", "heart", list(HOSPITALS))
     parts = load_partitions()
-    mean, std = mean_std(sum(local_sums(p.x_train) for p in parts))
+    # the partner rounds the decrypted statistics to the task's grid before it trains
     task = HeartTask()
+    mean, std = open_stats(sum(local_sums(p.x_train) for p in parts), sum(p.n_train for p in parts),
+                           task.decrypt_bounds)
+    np.testing.assert_allclose(mean, mean_std(sum(local_sums(p.x_train) for p in parts))[0], atol=1e-6)
     total = np.zeros(14)
     n_total = 0
     frames = []

@@ -45,7 +45,8 @@ def built(tmp_path_factory):
     model_ct = codec.encrypt(params * weights.sum())
     stats_ct = codec.encrypt(sum(local_sums(p.x_train) for p in parts))
     save_checkpoint(root / "camp", 3, model_ct, float(weights.sum()), stats_ct)
-    RoundLog(root / "camp", 3).set_status(status="finished", round=3)  # as the aggregator leaves it
+    # as the aggregator leaves it (with the total of rows the partners declared in the statistics round)
+    RoundLog(root / "camp", 3).set_status(status="finished", round=3, stats_declared_n=int(weights.sum()))
     res = release(cons.dir, root / "camp", root / "release", version=2)
     return {"root": root, "cons": cons, "params": params, "res": res, "x": x}
 

@@ -10,6 +10,14 @@ Handlers:
 - ``evaluate``: decrypt the global model, evaluate on the local test split, reply with
   plaintext metrics (accuracy, loss, counts).
 
+Every reply is signed with the partner's kit key (:func:`sign_reply`; the aggregator
+checks it, :mod:`sealfl.server.intake`). As a key holder the partner checks and rounds
+what it decrypts before using it (:func:`decode_global`,
+:mod:`sealfl.common.decrypted`): the statistics count must equal the total the partners
+declared, parameters and feature statistics must lie within the task's bounds, and
+everything is rounded to the task's grids -- so the model it trains from, and the loss
+and accuracy it reports (rounded to the metric grid too), carry no decryption noise.
+
 Which partner a node is: ``node_config["partner"]`` (deployment) or
 ``node_config["partition-id"]`` (simulation: index into the consortium's partner list).
 The consortium directory: ``node_config["consortium-dir"]`` or the one given to
@@ -26,14 +34,16 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from sealfl.attestation import keys as _keys
 from sealfl.common import protocol as P
+from sealfl.common.decrypted import check_weight, open_model, open_stats, round_metric
 from sealfl.common.errors import CiphertextError
 
 from .data import load_partition
 from .errors import ClientError
 from .kit import PartnerKit, kit_dir, load_kit
 from .onnx_eval import evaluate_onnx
-from .stats import local_sums, mean_std
+from .stats import local_sums
 from .task import HeartTask, TrainConfig
 
 log = logging.getLogger(__name__)
@@ -56,24 +66,66 @@ def _resolve(context: Context, default_dir: str | None) -> tuple[PartnerKit, str
     return load_kit(str(kit_dir(cdir, name))), name
 
 
-def decode_global(record: ArrayRecord, kit: PartnerKit, n_params: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Turn the server's ``"global"`` record into (params (P,), mean (13,), std (13,)), all float64.
+def _global_int(record: ArrayRecord, key: str) -> int:
+    try:
+        arr = record[key].numpy()
+    except Exception as exc:  # missing key, unreadable array
+        raise CiphertextError(f"the global record has no readable {key!r}: {exc}") from exc
+    if arr.dtype != np.int64 or arr.shape != (1,):
+        raise CiphertextError(f"global {key!r} must be int64 (1,), got {arr.dtype} {arr.shape}")
+    return int(arr[0])
 
-    Decrypts the aggregate and divides by the total weight (key-holder side of FedAvg).
-    Raises CiphertextError if a ciphertext does not decrypt under this kit's context.
+
+def decode_global(record: ArrayRecord, kit: PartnerKit, task=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Turn the server's ``"global"`` record into (params (P,), mean (d,), std (d,)), all float64.
+
+    Key-holder side of FedAvg: decrypt, check against ``task.decrypt_bounds`` and round
+    (:func:`sealfl.common.decrypted.open_stats` / ``open_model``); the decrypted
+    statistics count must equal ``stats_n`` (the total the partners declared) and the
+    model weight must be a whole number of rows no larger than it.
+
+    Raises:
+        CiphertextError: a ciphertext or field is missing or does not decrypt under this kit.
+        DecryptedValueError: a decrypted value is out of bounds (nothing is trained or
+            reported from it).
     """
-    stats = kit.codec.decrypt(P.from_u8(record["stats_ct"].numpy()))
-    mean, std = mean_std(stats)
-    if "model_plain" in record:
-        params = record["model_plain"].numpy().astype(np.float64)
+    task = task or TASK
+    bounds = task.decrypt_bounds
+    stats_n = _global_int(record, P.STATS_N)
+    try:
+        stats_blob = P.from_u8(record[P.STATS_CT].numpy())
+    except Exception as exc:
+        raise CiphertextError(f"the global record has no readable {P.STATS_CT!r}: {exc}") from exc
+    mean, std = open_stats(kit.codec.decrypt(stats_blob, task.stats_length), stats_n, bounds)
+    if P.MODEL_PLAIN in record:  # round 1: the public initial model
+        params = np.asarray(record[P.MODEL_PLAIN].numpy(), dtype=np.float64)
+        if params.shape != (task.n_params,) or not np.all(np.isfinite(params)) \
+                or np.any(np.abs(params) > bounds.param_abs_max):
+            raise CiphertextError(f"the initial model must be {task.n_params} finite values within "
+                                  f"±{bounds.param_abs_max:g}, got shape {params.shape}")
     else:
-        weight = float(record["model_weight"].numpy()[0])
-        if weight <= 0:
-            raise CiphertextError("aggregate weight is not positive")
-        params = kit.codec.decrypt(P.from_u8(record["model_ct"].numpy()), n_params) / weight
-    if params.shape != (n_params,):
-        raise CiphertextError(f"global model has shape {params.shape}, expected ({n_params},)")
+        try:
+            weight = float(record[P.MODEL_WEIGHT].numpy()[0])
+            model_blob = P.from_u8(record[P.MODEL_CT].numpy())
+        except Exception as exc:
+            raise CiphertextError(f"the global record has no readable model ciphertext/weight: {exc}") from exc
+        check_weight(weight, stats_n)
+        params = open_model(kit.codec.decrypt(model_blob, task.n_params), weight, bounds, max_total=stats_n)
     return params, mean, std
+
+
+def sign_reply(kit: PartnerKit, msg: Message, content: RecordDict) -> RecordDict:
+    """Put ``{"name", "signature"}`` into ``content["partner"]``: the kit key's ECDSA
+    P-256 signature over :func:`sealfl.common.protocol.reply_statement` for a reply to
+    ``msg`` (campaign context id, ``msg``'s id and type, the name, the content digest).
+    Returns ``content``. Raises ClientError if the kit has no signing key."""
+    if kit.signing_key is None:
+        raise ClientError(f"the kit of partner {kit.partner} has no signing key")
+    content[P.PARTNER] = ConfigRecord({P.NAME: kit.partner})
+    stmt = P.reply_statement(kit.codec.context_id, msg.metadata.message_id, msg.metadata.message_type, kit.partner,
+                             P.content_digest(content))
+    content[P.PARTNER] = ConfigRecord({P.NAME: kit.partner, P.SIGNATURE: _keys.sign(kit.signing_key, stmt)})
+    return content
 
 
 def _train_config(cfg: ConfigRecord) -> TrainConfig:
@@ -92,25 +144,26 @@ def _open_round(msg: Message, context: Context, consortium_dir: str | None):
     kit, name = _resolve(context, consortium_dir)
     cfg = msg.content[P.CONFIG]
     part = load_partition(name, seed=int(cfg.get("data-seed", 42)))
-    return kit, name, cfg, part, decode_global(msg.content[P.GLOBAL], kit, TASK.n_params)
+    return kit, name, cfg, part, decode_global(msg.content[P.GLOBAL], kit)
 
 
 def handle_query(msg: Message, context: Context, consortium_dir: str | None = None) -> Message:
     """``query`` handler: reply E([n, Σx, Σx²]) of the local training split."""
     kit, name = _resolve(context, consortium_dir)
-    what = msg.content[P.CONFIG].get("query", "")
+    what = msg.content[P.CONFIG].get(P.QUERY, "")
     if what == P.QUERY_EVAL_ONNX:
-        return _evaluate_candidates(msg, name)
+        reply = _evaluate_candidates(msg, name)
+        sign_reply(kit, msg, reply.content)
+        return reply
     if what != P.QUERY_STATS:
         raise ClientError(f"unknown query {what!r}")
     part = load_partition(name, seed=int(msg.content[P.CONFIG].get("data-seed", 42)))
     blob = kit.codec.encrypt(local_sums(part.x_train))
     content = RecordDict({
-        P.STATS: ArrayRecord({"stats_ct": _array(blob)}),
-        P.METRICS: MetricRecord({P.NUM_EXAMPLES: part.n_train}),
-        P.PARTNER: ConfigRecord({"name": name}),
+        P.STATS: ArrayRecord({P.STATS_CT: _array(blob)}),
+        P.METRICS: MetricRecord({P.NUM_EXAMPLES: int(part.n_train)}),
     })
-    return Message(content=content, reply_to=msg)
+    return Message(content=sign_reply(kit, msg, content), reply_to=msg)
 
 
 def handle_train(msg: Message, context: Context, consortium_dir: str | None = None) -> Message:
@@ -121,26 +174,27 @@ def handle_train(msg: Message, context: Context, consortium_dir: str | None = No
     new, metrics = TASK.train(params, part.x_train, part.y_train, mean, std, tc, tc.seed + 1000 * rnd + kit.index)
     n = part.n_train
     blob = kit.codec.encrypt(new * n)
-    log.info("partner %s round %d: trained on %d rows, loss %.4f", name, rnd, n, metrics["train_loss"])
+    loss = round_metric(metrics["train_loss"], TASK.decrypt_bounds)
+    log.info("partner %s round %d: trained on %d rows, loss %.4f", name, rnd, n, loss)
     content = RecordDict({
-        P.UPDATE: ArrayRecord({"update_ct": _array(blob)}),
-        P.METRICS: MetricRecord({P.NUM_EXAMPLES: n, "train_loss": float(metrics["train_loss"])}),
-        P.PARTNER: ConfigRecord({"name": name}),
+        P.UPDATE: ArrayRecord({P.UPDATE_CT: _array(blob)}),
+        P.METRICS: MetricRecord({P.NUM_EXAMPLES: int(n), P.TRAIN_LOSS: loss}),
     })
-    return Message(content=content, reply_to=msg)
+    return Message(content=sign_reply(kit, msg, content), reply_to=msg)
 
 
 def handle_evaluate(msg: Message, context: Context, consortium_dir: str | None = None) -> Message:
     """``evaluate`` handler: decrypt the global model, reply local test metrics."""
     kit, name, cfg, part, (params, mean, std) = _open_round(msg, context, consortium_dir)
     m = TASK.evaluate(params, part.x_test, part.y_test, mean, std)
+    n, correct = int(m["n"]), int(m["correct"])
     content = RecordDict({
         P.METRICS: MetricRecord({
-            P.NUM_EXAMPLES: m["n"], "accuracy": m["accuracy"], "loss": m["loss"], "correct": m["correct"],
+            P.NUM_EXAMPLES: n, P.ACCURACY: correct / n if n else 0.0,
+            P.LOSS: round_metric(m["loss"], TASK.decrypt_bounds), P.CORRECT: correct,
         }),
-        P.PARTNER: ConfigRecord({"name": name}),
     })
-    return Message(content=content, reply_to=msg)
+    return Message(content=sign_reply(kit, msg, content), reply_to=msg)
 
 
 def _evaluate_candidates(msg: Message, name: str) -> Message:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -36,13 +36,16 @@ def slug(name: str) -> str:
 
 @dataclass(frozen=True)
 class PartnerKit:
-    """A loaded kit. ``codec`` holds the CKKS secret key (this partner is a key holder)."""
+    """A loaded kit. ``codec`` holds the CKKS secret key (this partner is a key holder);
+    ``signing_key`` is the partner's P-256 private key (it signs the partner's replies,
+    :func:`sealfl.clients.app.sign_reply`)."""
 
     partner: str
     index: int
     consortium: str
     codec: CKKSCodec
     task: str
+    signing_key: ECC.EccKey | None = field(default=None, repr=False, compare=False)
 
 
 def kit_dir(consortium_dir: str | Path, partner: str) -> Path:
@@ -75,4 +78,5 @@ def load_kit(path: str) -> PartnerKit:
     codec = CKKSCodec.from_bytes(secret, CKKSParams.from_dict(meta["ckks"]), bytes.fromhex(meta["context_id"]))
     if not codec.has_secret_key:
         raise KitError(f"startup kit {d}: the unwrapped CKKS context holds no secret key")
-    return PartnerKit(meta["partner"], int(meta["index"]), meta["consortium"], codec, meta.get("task", "heart-logreg"))
+    return PartnerKit(meta["partner"], int(meta["index"]), meta["consortium"], codec, meta.get("task", "heart-logreg"),
+                      key)

@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from sealfl.common.decrypted import DecryptBounds
+
 from .data import FEATURE_SPEC, N_FEATURES
 
 log = logging.getLogger(__name__)
@@ -63,11 +65,20 @@ class HeartModel(nn.Module):
 
 
 class HeartTask:
-    """Logistic regression on the 13 Fed-Heart-Disease features."""
+    """Logistic regression on the 13 Fed-Heart-Disease features.
+
+    ``decrypt_bounds`` (:class:`sealfl.common.decrypted.DecryptBounds`) is what a key
+    holder accepts as a decrypted aggregate of this task: ``|w| <= 1000`` (weights on
+    standardised features; a logit beyond ~40 already saturates float32's sigmoid, and
+    honest training here stays below 10) and ``|mean|, std <= 10,000`` for raw features
+    (the largest, cholesterol in mg/dl, stays below 700 in the data).
+    """
 
     name = "heart-logreg"
     n_features = N_FEATURES
     n_params = N_FEATURES + 1
+    stats_length = 1 + 2 * N_FEATURES
+    decrypt_bounds = DecryptBounds(param_abs_max=1e3, feature_abs_max=1e4)
     #: ONNX input/output names and the documented per-feature ranges a device enforces.
     input_name = "features"
     output_name = "probability"

@@ -16,3 +16,9 @@ class CiphertextError(HEError):
 
 class SecretKeyMissingError(HEError):
     """Decryption was asked of a CKKS context that holds no secret key (the aggregator's)."""
+
+
+class DecryptedValueError(HEError):
+    """A key holder refused a decrypted aggregate: it is out of the bounds the task
+    declares, not finite, or its count differs from the declared total. Nothing derived
+    from it may be published (see :mod:`sealfl.common.decrypted`)."""

@@ -20,11 +20,31 @@ scale 2^40): 4096 slots, ~6e-9 absolute error on values of magnitude 200 measure
 the max error of weighted FedAvg is far below 1e-6 (see tests/test_he.py).
 Weighted FedAvg needs only ciphertext addition, so no relinearisation or Galois keys are
 generated or shipped (Galois keys alone make a public context ~35 MB).
+
+What a frame from outside must satisfy before anything adds it (:meth:`CKKSCodec.split`
+then :meth:`CKKSCodec.load_chunks`), in this order:
+
+1. **size, before parsing**: the whole frame at most :meth:`CKKSParams.max_frame_bytes`
+   and each chunk at most :attr:`CKKSParams.max_chunk_bytes` (see there for the bound);
+2. header: magic, version, this campaign's context id, the expected vector length and
+   the chunk count that length needs;
+3. per chunk: SEAL/TenSEAL parse it under this context; it holds the expected number of
+   values; it is **canonical** (re-serialising the parsed vector gives back exactly the
+   bytes received: TenSEAL's protobuf parser skips unknown fields, so a valid ciphertext
+   followed by an unknown 64 MiB field parses -- measured with TenSEAL 0.3.18); it is a
+   fresh-encryption-shaped ciphertext: 2 polynomials, NTT form, not transparent, at the
+   context's first data level (``parms_id`` and prime count) and at scale exactly
+   ``2**scale_bits``;
+4. a **trial addition** to a fresh encryption of zeros made with the (public) context:
+   SEAL's ``add`` checks exactly what summation needs (``parms_id``, NTT form, scale), so
+   a chunk that passes cannot make a later sum raise (e.g. ``ValueError: scale mismatch``
+   for a ciphertext encoded at scale 2^30 under the campaign's own context).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import struct
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -58,6 +78,33 @@ class CKKSParams:
     def slots(self) -> int:
         """Number of float values one ciphertext holds (N / 2)."""
         return self.poly_modulus_degree // 2
+
+    @property
+    def data_primes(self) -> int:
+        """Primes of a fresh ciphertext's modulus: all but SEAL's special (key) prime."""
+        return len(self.coeff_mod_bit_sizes) - 1
+
+    @property
+    def max_chunk_bytes(self) -> int:
+        """Upper bound (bytes) of one serialised chunk (a TenSEAL CKKSVector of one fresh
+        ciphertext) that :meth:`CKKSCodec.load_chunks` can accept.
+
+        A fresh ciphertext is 2 polynomials x N coefficients x ``data_primes`` residues x 8
+        bytes (SEAL stores each residue as a uint64; SEAL manual, "Ciphertext"). SEAL
+        compresses that with zstd, whose worst case adds ``n/256`` bytes
+        (``ZSTD_COMPRESSBOUND``, zstd.h), plus SEAL's 16-byte header, the ciphertext
+        metadata and TenSEAL's protobuf wrapper: 4096 bytes cover those with room to spare.
+        N=8192, [60, 40, 40]: 262,144 raw -> bound 267,264; fresh chunks measured here are
+        ~235,000 bytes (TenSEAL 0.3.18).
+        """
+        raw = 2 * self.poly_modulus_degree * self.data_primes * 8
+        return raw + raw // 256 + 4096
+
+    def max_frame_bytes(self, length: int) -> int:
+        """Upper bound (bytes) of a frame holding ``length`` values: header + one u32 size
+        and at most :attr:`max_chunk_bytes` per chunk."""
+        n_chunks = max(1, -(-int(length) // self.slots))
+        return _HEADER.size + n_chunks * (_LEN.size + self.max_chunk_bytes)
 
     def to_dict(self) -> dict:
         return {
@@ -96,6 +143,7 @@ class CKKSCodec:
         self._ctx = context
         self.params = params
         self.context_id = ctx_id
+        self._zeros: dict[int, object] = {}  # vector size -> fresh encryption of zeros
 
     # ---- construction -------------------------------------------------------------
     @classmethod
@@ -178,10 +226,14 @@ class CKKSCodec:
 
         Raises:
             CiphertextError: bad magic/version, another context id, a length other than
-                ``expected_length``, a chunk count that does not fit the length, or
-                truncated/trailing bytes.
+                ``expected_length``, a chunk count that does not fit the length, a frame
+                or chunk larger than its bound (:meth:`CKKSParams.max_frame_bytes`,
+                checked before any chunk is parsed), or truncated/trailing bytes.
         """
         blob = bytes(blob)
+        if expected_length is not None and len(blob) > self.params.max_frame_bytes(expected_length):
+            raise CiphertextError(f"ciphertext frame of {len(blob)} bytes exceeds the bound of "
+                                  f"{self.params.max_frame_bytes(expected_length)} bytes for {expected_length} values")
         if len(blob) < _HEADER.size:
             raise CiphertextError(f"ciphertext frame too short ({len(blob)} bytes)")
         magic, version, cid, length, n = _HEADER.unpack_from(blob)
@@ -197,13 +249,19 @@ class CKKSCodec:
         want_chunks = max(1, -(-length // self.params.slots))
         if n != want_chunks:
             raise CiphertextError(f"{n} ciphertext chunks for {length} values, expected {want_chunks}")
+        if len(blob) > self.params.max_frame_bytes(length):
+            raise CiphertextError(f"ciphertext frame of {len(blob)} bytes exceeds the bound of "
+                                  f"{self.params.max_frame_bytes(length)} bytes for {length} values")
         off = _HEADER.size
         chunks = []
-        for _ in range(n):
+        for i in range(n):
             if off + _LEN.size > len(blob):
                 raise CiphertextError("ciphertext frame truncated")
             (size,) = _LEN.unpack_from(blob, off)
             off += _LEN.size
+            if size > self.params.max_chunk_bytes:
+                raise CiphertextError(f"chunk {i} is {size} bytes, more than a ciphertext of these parameters "
+                                      f"can be ({self.params.max_chunk_bytes})")
             if off + size > len(blob):
                 raise CiphertextError("ciphertext frame truncated")
             chunks.append(blob[off : off + size])
@@ -213,15 +271,25 @@ class CKKSCodec:
         return length, chunks
 
     def load_chunks(self, chunks: Sequence[bytes], length: int) -> list:
-        """Deserialise chunks into TenSEAL CKKSVectors and check each one's size.
+        """Deserialise chunks into TenSEAL CKKSVectors and check each one (steps 3-4 of
+        the module docstring): size bound, parse, value count, canonical bytes, shape of
+        a fresh ciphertext (2 polynomials, NTT form, not transparent, first data level,
+        scale ``2**scale_bits``) and a trial addition to an encryption of zeros.
 
-        Raises CiphertextError if SEAL refuses a chunk (wrong parameters, garbage) or a
-        chunk holds the wrong number of slots.
+        Returns the CKKSVectors (one per chunk). A vector returned here can be added to
+        any other vector returned here for the same ``length`` and chunk index.
+
+        Raises:
+            CiphertextError: naming the chunk and the failed check.
         """
         ts = _ts()
         vecs = []
         slots = self.params.slots
         for i, c in enumerate(chunks):
+            c = bytes(c)
+            if len(c) > self.params.max_chunk_bytes:
+                raise CiphertextError(f"chunk {i} is {len(c)} bytes, more than a ciphertext of these parameters "
+                                      f"can be ({self.params.max_chunk_bytes})")
             try:
                 vec = ts.ckks_vector_from(self._ctx, c)
             except Exception as exc:
@@ -229,8 +297,51 @@ class CKKSCodec:
             want = min(slots, length - i * slots) if length else 0
             if vec.size() != max(want, 0) and not (length == 0 and vec.size() == 0):
                 raise CiphertextError(f"chunk {i} holds {vec.size()} values, expected {want}")
+            self._check_fresh_shape(i, vec, c)
             vecs.append(vec)
         return vecs
+
+    def _zero(self, size: int):
+        """A fresh encryption of ``size`` zeros under this context (cached; public key suffices)."""
+        if size not in self._zeros:
+            self._zeros[size] = _ts().ckks_vector(self._ctx, [0.0] * size)
+        return self._zeros[size]
+
+    def _check_fresh_shape(self, i: int, vec, raw: bytes) -> None:
+        """Raise CiphertextError unless chunk ``i`` (parsed ``vec`` of bytes ``raw``) is
+        canonical and shaped like a fresh encryption under this context."""
+        try:
+            canonical = vec.serialize()
+        except Exception as exc:  # TenSEAL raises ValueError/RuntimeError
+            raise CiphertextError(f"chunk {i} does not re-serialise: {exc}") from exc
+        if canonical != raw:
+            raise CiphertextError(f"chunk {i} is not in canonical form ({len(raw)} bytes received, "
+                                  f"{len(canonical)} after re-serialisation): extra or altered bytes")
+        cts = vec.ciphertext()
+        if len(cts) != 1:
+            raise CiphertextError(f"chunk {i} holds {len(cts)} ciphertexts, expected 1")
+        ct = cts[0]
+        zero = self._zero(vec.size()).ciphertext()[0]
+        want_scale = 2.0 ** self.params.scale_bits
+        problems = []
+        if ct.size() != 2:
+            problems.append(f"{ct.size()} polynomials (a fresh ciphertext has 2)")
+        if not ct.is_ntt_form():
+            problems.append("not in NTT form")
+        if ct.is_transparent():
+            problems.append("transparent (not encrypted)")
+        if ct.coeff_modulus_size() != self.params.data_primes or list(ct.parms_id()) != list(zero.parms_id()):
+            problems.append(f"at another modulus level ({ct.coeff_modulus_size()} primes, expected "
+                            f"{self.params.data_primes})")
+        if ct.scale != want_scale:
+            problems.append(f"scale 2^{math.log2(ct.scale) if ct.scale > 0 else float('nan'):.2f}, "
+                            f"expected 2^{self.params.scale_bits}")
+        if problems:
+            raise CiphertextError(f"chunk {i} cannot be added to this campaign's ciphertexts: " + "; ".join(problems))
+        try:
+            self._zero(vec.size()) + vec
+        except Exception as exc:  # SEAL: ValueError "scale mismatch", "parameter mismatch", ...
+            raise CiphertextError(f"chunk {i} fails a trial addition to an encryption of zeros: {exc}") from exc
 
     def parse(self, blob: bytes, expected_length: int | None = None) -> list:
         """:meth:`split` then :meth:`load_chunks`; returns the CKKSVectors."""

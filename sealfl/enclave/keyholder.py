@@ -4,6 +4,11 @@ decrypt the encrypted global model.
 The CKKS secret context is stored in the release enclave only sealed by the TEE
 (``seal_secret("ckks-secret-context", ...)``), so it unseals only while the enclave
 runs the measured code. TenSEAL is imported lazily: devices never load this module.
+
+Nothing decrypted leaves the enclave unchecked or at full precision: :meth:`KeyHolder.open_model`
+and :meth:`KeyHolder.open_stats` bound-check and round (:mod:`sealfl.common.decrypted`)
+-- a checkpoint holding the aggregator's own encryption of ``[1e9]*14`` with weight 1 is
+refused, and the parameters and mean/std written into a release carry no decryption noise.
 """
 
 from __future__ import annotations
@@ -41,14 +46,37 @@ class KeyHolder:
         enclave.seal_secret(CKKS_SECRET, secret_context)
 
     def decrypt(self, blob: bytes, length: int | None = None) -> np.ndarray:
-        """Decrypt a framed ciphertext into float64 (length,)."""
+        """Decrypt a framed ciphertext into float64 (length,) at FULL precision.
+
+        Only for checks inside the enclave: never publish the result (CKKS decryption
+        noise leaks the secret key, see :mod:`sealfl.common.decrypted`); use
+        :meth:`open_model` / :meth:`open_stats` for anything that leaves.
+        """
         return self._codec.decrypt(blob, length)
 
-    def decrypt_average(self, blob: bytes, total_weight: float, length: int) -> np.ndarray:
-        """Weighted FedAvg's last step: ``decrypt(E(Σ n_i w_i)) / Σ n_i`` -> float64 (length,).
+    def open_model(self, blob: bytes, total_weight, length: int, bounds, max_total: int | None = None) -> np.ndarray:
+        """Weighted FedAvg's last step, checked and rounded: ``E(Σ n_i w_i)``, Σ n_i ->
+        float64 (length,) on the parameter grid (:func:`sealfl.common.decrypted.open_model`).
 
-        Raises ValueError if ``total_weight`` is not positive.
+        Raises:
+            CiphertextError: ``blob`` is not a frame of ``length`` values of this context.
+            DecryptedValueError: the weight is not a whole number in ``[1, max_total]`` or
+                a parameter is out of ``bounds``.
         """
-        if total_weight <= 0:
-            raise ValueError("total weight must be positive")
-        return self.decrypt(blob, length) / total_weight
+        from sealfl.common.decrypted import check_weight, open_model
+
+        check_weight(total_weight, bounds.max_total_examples if max_total is None else max_total)
+        return open_model(self._codec.decrypt(blob, length), total_weight, bounds, max_total)
+
+    def open_stats(self, blob: bytes, length: int, declared_total: int, bounds) -> tuple[np.ndarray, np.ndarray]:
+        """Global (mean, std) from ``E([n, Σx, Σx²])``, checked against the declared total
+        and ``bounds`` and rounded (:func:`sealfl.common.decrypted.open_stats`).
+
+        Raises:
+            CiphertextError: ``blob`` is not a frame of ``length`` values of this context.
+            DecryptedValueError: the count differs from ``declared_total`` or a statistic
+                is out of ``bounds``.
+        """
+        from sealfl.common.decrypted import open_stats
+
+        return open_stats(self._codec.decrypt(blob, length), declared_total, bounds)

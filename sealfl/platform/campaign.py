@@ -26,6 +26,7 @@ from sealfl.server.bookkeeping import RoundLog
 
 from .consortium import Consortium
 from .errors import CampaignError
+from .partner_keys import partner_public_keys
 from .simulate import run_on_ray
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,8 @@ class CampaignSpec:
         cpus_per_partner: Ray CPUs reserved per simulated SuperNode.
         overwrite: replace an earlier campaign in ``out_dir`` (else refuse).
         flower_log_level: level of Flower's console handler (its INFO is chatty).
+        max_examples: cap on the row count any partner may declare (the aggregator
+            refuses larger ones; see :class:`sealfl.server.validation.ReplyLimits`).
     """
 
     consortium_dir: str
@@ -61,6 +64,7 @@ class CampaignSpec:
     overwrite: bool = False
     flower_log_level: str = "WARNING"
     extra: dict = field(default_factory=dict)
+    max_examples: int = 1_000_000
 
 
 @dataclass
@@ -84,6 +88,8 @@ def check_spec(spec: CampaignSpec, num_partners: int, min_partners: int) -> None
         raise CampaignError("rounds, local epochs and batch size must be at least 1")
     if not (math.isfinite(spec.lr) and spec.lr > 0):
         raise CampaignError(f"learning rate must be a positive finite number, got {spec.lr}")
+    if isinstance(spec.max_examples, bool) or not isinstance(spec.max_examples, int) or spec.max_examples < 1:
+        raise CampaignError(f"max_examples must be a positive integer, got {spec.max_examples!r}")
 
 
 def preflight(spec: CampaignSpec) -> tuple[Consortium, int]:
@@ -133,7 +139,8 @@ def run_campaign(spec: CampaignSpec, on_round: Callable[[dict], None] | None = N
         n_params=task.n_params, stats_length=1 + 2 * N_FEATURES, initial_params=task.init_params().tolist(),
         train={"local-epochs": spec.local_epochs, "lr": spec.lr, "batch-size": spec.batch_size, "seed": spec.seed,
                **spec.extra},
-        timeout_s=spec.timeout_s,
+        timeout_s=spec.timeout_s, partners=list(cons.partners), partner_keys=partner_public_keys(cons),
+        max_examples=spec.max_examples,
     )
     cfg.save(out / "server_config.json")
     stop = threading.Event()

@@ -2,8 +2,13 @@
 
 Runs :mod:`sealfl.server.eval_app` with the partner ClientApp on Ray: every partner
 scores every candidate on its own test split and replies counts; pooled accuracy is
-``Σ correct / Σ n``. Every partner must answer: a gate that silently skipped a hospital
-would release on a different test set than the one reported.
+``Σ correct / Σ n``. Every partner must answer with counts that pass the checks of
+:func:`sealfl.server.validation.check_candidate_counts` (integers, ``0 <= correct <= n``,
+one ``n`` for every candidate, equal to the ``n`` that partner reported during the
+campaign when given): a gate that silently skipped a hospital, or pooled a partner's
+``correct = 900 of n = 60``, would release on numbers that are not the test set's.
+The result file the eval app writes is checked again here (it is a file: hostile until
+checked), so pooled accuracies always lie in [0, 1].
 """
 
 from __future__ import annotations
@@ -11,40 +16,88 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
+from typing import Mapping
 
+from sealfl.server.errors import ReplyError
 from sealfl.server.eval_app import make_eval_server_app
+from sealfl.server.validation import ReplyLimits, check_candidate_counts
 
 from .consortium import Consortium
 from .errors import ReleaseError
+from .partner_keys import partner_public_keys
 from .simulate import run_on_ray
+
+#: largest result file read back (a few hundred bytes per partner and candidate)
+MAX_RESULT_BYTES = 1 << 20
+
+
+def pool_counts(per_partner: Mapping, partners: list[str], candidates: list[str], *, limits: ReplyLimits,
+                expected_n: Mapping[str, int] | None = None) -> dict[str, dict]:
+    """Check every partner's counts and pool them per candidate.
+
+    Args:
+        per_partner: ``{partner: {candidate: {"correct", "n"}}}`` (parsed JSON).
+        partners: every partner that must be present; candidates: candidate names.
+        limits: caps on counts; expected_n: partner -> test rows from the campaign.
+    Returns:
+        ``{candidate: {"pooled", "correct", "n", "per_partner": {p: {"correct", "n", "accuracy"}}}}``.
+    Raises:
+        ReleaseError: a partner is missing or its counts fail a check (names both).
+    """
+    if not isinstance(per_partner, Mapping):
+        raise ReleaseError("federated evaluation result is not a mapping of partners; not releasing")
+    result: dict[str, dict] = {c: {"per_partner": {}} for c in candidates}
+    for p in partners:
+        raw = per_partner.get(p)
+        if not isinstance(raw, Mapping):
+            raise ReleaseError(f"partner {p!r} did not report counts for the candidates; not releasing")
+        flat = {f"{c}.{k}": v for c, d in raw.items() if isinstance(d, Mapping) for k, v in d.items()}
+        try:
+            counts = check_candidate_counts(flat, candidates, limits=limits,
+                                            expected_n=(expected_n or {}).get(p), where=f"partner {p!r} counts")
+        except ReplyError as exc:
+            raise ReleaseError(f"refusing the counts of partner {p!r}: {exc}; not releasing") from exc
+        for c in candidates:
+            v = counts[c]
+            result[c]["per_partner"][p] = {**v, "accuracy": v["correct"] / v["n"]}
+    for c in candidates:
+        per = result[c]["per_partner"]
+        correct, n = sum(v["correct"] for v in per.values()), sum(v["n"] for v in per.values())
+        result[c].update(pooled=correct / n, correct=correct, n=n)
+    return result
 
 
 def federated_evaluate(cons: Consortium, candidates: dict[str, bytes], *, ray_address: str | None = None,
-                       client_app=None) -> dict[str, dict]:
+                       client_app=None, expected_n: Mapping[str, int] | None = None,
+                       limits: ReplyLimits | None = None) -> dict[str, dict]:
     """Score ``candidates`` (name -> ONNX bytes) at every partner.
 
     Returns ``{candidate: {"pooled": float, "correct": int, "n": int,
     "per_partner": {partner: {"correct", "n", "accuracy"}}}}``.
-    Raises ReleaseError if the run failed or any partner did not report.
+    Raises ReleaseError if the run failed, any partner did not report, or a partner's
+    counts fail a check (the message names the partner and the reason).
     """
     from sealfl.clients.app import make_client_app
 
+    limits = limits or ReplyLimits()
     with tempfile.TemporaryDirectory(prefix="sealfl-fedeval-") as d:
         out = Path(d) / "result.json"
-        _, failure = run_on_ray(make_eval_server_app(candidates, len(cons.partners), out),
-                                client_app or make_client_app(str(cons.dir.resolve())), len(cons.partners),
+        app = make_eval_server_app(candidates, len(cons.partners), out, partners=cons.partners,
+                                   partner_keys=partner_public_keys(cons), context_id=bytes.fromhex(cons.context_id),
+                                   limits=limits, expected_n=expected_n)
+        _, failure = run_on_ray(app, client_app or make_client_app(str(cons.dir.resolve())), len(cons.partners),
                                 ray_address=ray_address)
         if failure is not None or not out.exists():
             raise ReleaseError(f"federated evaluation of the release candidates failed: {failure}") from failure
-        res = json.loads(out.read_text())
-    missing = [p for p in cons.partners if p not in res["per_partner"]]
+        raw = out.read_bytes()
+    if len(raw) > MAX_RESULT_BYTES:
+        raise ReleaseError(f"federated evaluation result is {len(raw)} bytes (cap {MAX_RESULT_BYTES}); not releasing")
+    try:
+        res = json.loads(raw)
+        per, failed = res["per_partner"], res.get("failed", {})
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise ReleaseError(f"federated evaluation result is unreadable ({exc}); not releasing") from exc
+    missing = [p for p in cons.partners if p not in per]
     if missing:
-        raise ReleaseError(f"partners {missing} did not evaluate the candidates ({res['failed']}); not releasing")
-    result = {}
-    for cand in candidates:
-        per = {p: dict(res["per_partner"][p][cand]) for p in cons.partners}
-        for v in per.values():
-            v["accuracy"] = v["correct"] / max(v["n"], 1)
-        correct, n = sum(v["correct"] for v in per.values()), sum(v["n"] for v in per.values())
-        result[cand] = {"pooled": correct / max(n, 1), "correct": correct, "n": n, "per_partner": per}
-    return result
+        raise ReleaseError(f"partners {missing} did not evaluate the candidates ({failed}); not releasing")
+    return pool_counts(per, list(cons.partners), list(candidates), limits=limits, expected_n=expected_n)

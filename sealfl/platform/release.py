@@ -26,8 +26,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sealfl.clients.stats import mean_std
 from sealfl.clients.task import HeartTask
+from sealfl.common.errors import CiphertextError, DecryptedValueError
 from sealfl.common.fsutil import atomic_write
 from sealfl.enclave.keyholder import KeyHolder
 from sealfl.enclave.release_enclave import ReleaseEnclave
@@ -85,7 +85,43 @@ def finished_checkpoint(campaign_dir: str | Path) -> dict:
     if ckpt["round"] != status.get("num_rounds"):
         raise ReleaseError(f"checkpoint of {d} is from round {ckpt['round']}, the campaign ran "
                            f"{status.get('num_rounds')} rounds; not releasing a stale model")
+    declared = status.get("stats_declared_n")
+    if isinstance(declared, bool) or not isinstance(declared, int) or declared < 1:
+        raise ReleaseError(f"status.json of {d} records no total of declared training rows (stats_declared_n="
+                           f"{declared!r}); the key holder cannot check the statistics -- re-run the campaign")
+    ckpt["stats_declared_n"] = declared
     return ckpt
+
+
+def campaign_test_counts(campaign_dir: str | Path) -> dict[str, int]:
+    """Partner -> test rows it reported in the campaign's last evaluated round
+    (``rounds.jsonl`` ``per_partner``), for the gate's consistency check; {} if none."""
+    from sealfl.server.bookkeeping import RoundLog
+
+    for rec in reversed(RoundLog(campaign_dir, 0).rounds()):
+        per = rec.get("per_partner")
+        if isinstance(per, dict) and per:
+            return {p: v["n"] for p, v in per.items()
+                    if isinstance(v, dict) and isinstance(v.get("n"), int) and not isinstance(v.get("n"), bool)}
+    return {}
+
+
+def open_final_model(keys: KeyHolder, ckpt: dict, task: HeartTask, campaign_dir) -> tuple:
+    """Decrypt the final checkpoint inside the release enclave, checked and rounded
+    (:meth:`KeyHolder.open_model`, :meth:`KeyHolder.open_stats`): returns (params, mean, std).
+
+    Raises ReleaseError (nothing is released) if a decrypted value is out of the task's
+    bounds, the statistics count differs from the declared total, or a ciphertext is bad.
+    """
+    declared = ckpt["stats_declared_n"]
+    try:
+        params = keys.open_model(ckpt["model_ct"], ckpt["model_weight"], task.n_params, task.decrypt_bounds,
+                                 max_total=declared)
+        mean, std = keys.open_stats(ckpt["stats_ct"], task.stats_length, declared, task.decrypt_bounds)
+    except (DecryptedValueError, CiphertextError) as exc:
+        raise ReleaseError(f"the release enclave refuses the final aggregate of campaign {campaign_dir}: {exc}; "
+                           "not releasing") from exc
+    return params, mean, std
 
 
 def check_gate(fp32_accuracy: float, int8_accuracy: float, max_drop: float) -> None:
@@ -153,8 +189,9 @@ def release(consortium_dir: str | Path, campaign_dir: str | Path, out_dir: str |
         ConsortiumError: not a consortium directory.
         UnsealError: the release enclave's code changed since provisioning.
         ReleaseError: ``version`` is not newer than every earlier release of the consortium
-            (``releases.json``), the campaign did not finish or has no final checkpoint, a partner did
-            not evaluate, or the INT8 model fails the accuracy gate (nothing is written).
+            (``releases.json``), the campaign did not finish or has no final checkpoint, the
+            decrypted aggregate is out of the task's bounds, a partner did not evaluate or
+            reported impossible counts, or the INT8 model fails the accuracy gate (nothing is written).
         ReleaseWriteError: ``out_dir`` is not empty (from the enclave).
     """
     if not (0.0 <= max_drop <= 1.0):
@@ -166,8 +203,7 @@ def release(consortium_dir: str | Path, campaign_dir: str | Path, out_dir: str |
     enclave = ReleaseEnclave.open(enclave_dir(cons))
     keys = KeyHolder(enclave, cons.ckks, bytes.fromhex(cons.context_id))
     task = HeartTask()
-    params = keys.decrypt_average(ckpt["model_ct"], ckpt["model_weight"], task.n_params)
-    mean, std = mean_std(keys.decrypt(ckpt["stats_ct"]))
+    params, mean, std = open_final_model(keys, ckpt, task, campaign_dir)
     fp32 = task.to_onnx(params, mean, std)
     try:
         int8 = quantize_int8(fp32)
@@ -176,7 +212,8 @@ def release(consortium_dir: str | Path, campaign_dir: str | Path, out_dir: str |
     except ValueError as exc:
         raise ReleaseError(f"cannot quantise the model: {exc}") from exc
     self_check(int8, canary)
-    acc = federated_evaluate(cons, {"fp32": fp32, "int8": int8}, ray_address=ray_address)
+    acc = federated_evaluate(cons, {"fp32": fp32, "int8": int8}, ray_address=ray_address,
+                             expected_n=campaign_test_counts(campaign_dir))
     check_gate(acc["fp32"]["pooled"], acc["int8"]["pooled"], max_drop)
     metadata = {
         "model_file": MODEL_FILE,

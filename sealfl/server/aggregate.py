@@ -1,8 +1,11 @@
 """Ciphertext aggregation: validate each partner's frame, then add (optionally Ray-sharded).
 
-Validation and summation need only the public CKKS context. A partner whose frame does
-not parse, names another context, or has the wrong length is dropped with a log line
-naming it; the caller decides whether enough partners remain.
+Validation and summation need only the public CKKS context. A partner whose frame is
+larger than its bound, does not parse, names another context, has the wrong length, is
+not canonical, or could not be added (another scale or level: the trial addition of
+:meth:`sealfl.common.he.CKKSCodec.load_chunks`) is dropped with a log line naming it;
+the caller decides whether enough partners remain. Summation then cannot fail on a
+validated frame.
 
 Sharding: a model of C ciphertext chunks is summed as ``shards`` Ray tasks over chunk
 ranges when Ray is running and C >= ``shard_min_chunks``; TenSEAL holds the GIL (its
@@ -37,8 +40,9 @@ class Validated:
 def validate_frames(codec: CKKSCodec, frames: Mapping[str, bytes], length: int) -> Validated:
     """Parse every partner's frame under ``codec`` (public context) and keep the good ones.
 
-    Each chunk is deserialised by SEAL once here (that is the check that it is a
-    ciphertext of this context) and then kept as bytes.
+    Each chunk is deserialised by SEAL once here and checked (size bound, canonical
+    bytes, fresh-ciphertext shape, trial addition; see :mod:`sealfl.common.he`), then
+    kept as bytes. Returns :class:`Validated`.
     """
     good: dict[str, list[bytes]] = {}
     bad: dict[str, str] = {}

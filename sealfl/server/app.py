@@ -4,8 +4,14 @@
 
 1. load the campaign's PUBLIC CKKS context and measure that it holds no secret key
    (written to ``status.json`` as ``server_has_secret_key``; a secret context aborts);
-2. statistics round: query every partner for E([n, Σx, Σx²]) and add them;
-3. ``EncryptedFedAvg.start(...)`` for ``num_rounds`` rounds from the public initial model;
+2. statistics round: query every connected node for E([n, Σx, Σx²]) and its declared
+   ``n``; each reply is screened (:mod:`sealfl.server.intake`: signature, one per
+   partner) and checked (:func:`sealfl.server.validation.parse_stats_reply`); an
+   accepted reply binds its node to its partner and fixes that partner's ``n`` for the
+   campaign; the accepted ciphertexts are added and Σ n is recorded as
+   ``stats_declared_n`` in ``status.json`` (key holders compare the decrypted count with it);
+3. ``EncryptedFedAvg.start(...)`` for ``num_rounds`` rounds from the public initial model,
+   with the partners bound in step 2;
 4. record ``finished`` (or ``failed`` with the error) in ``status.json``.
 
 Everything the coordinator needs afterwards is in the campaign directory
@@ -28,10 +34,12 @@ from flwr.serverapp import Grid, ServerApp
 from sealfl.common import protocol as P
 from sealfl.common.he import CKKSCodec, CKKSParams
 
-from .aggregate import sum_chunks, validate_frames
+from .aggregate import Validated, sum_chunks
 from .bookkeeping import RoundLog
 from .errors import NotEnoughPartnersError, SecretKeyPresentError
-from .strategy import EncryptedFedAvg, partner_name
+from .intake import Roster, screen
+from .strategy import EncryptedFedAvg
+from .validation import ReplyLimits, parse_stats_reply
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +60,12 @@ class ServerConfig:
         stats_length: length of the scaling-statistics vector ``[n, Σx, Σx²]``.
         initial_params: the public initial model (list of floats).
         train: extra train config sent to partners (local-epochs, lr, batch-size, ...).
-        timeout_s: seconds to wait for replies per round.
+        timeout_s: seconds to wait for replies per round (and for partners to connect).
+        partners: the consortium's partner names (the names a reply may claim).
+        partner_keys: partner name -> PEM of its P-256 public key (the kit key); replies
+            must be signed by it. Empty: name claims are not authenticated (warned).
+        max_examples: cap on any row count a partner declares (:class:`ReplyLimits`).
+        max_loss: cap on any loss a partner reports (:class:`ReplyLimits`).
     """
 
     campaign_dir: str
@@ -67,6 +80,19 @@ class ServerConfig:
     initial_params: list = field(default_factory=list)
     train: dict = field(default_factory=dict)
     timeout_s: float = 600.0
+    partners: list = field(default_factory=list)
+    partner_keys: dict = field(default_factory=dict)
+    max_examples: int = ReplyLimits.max_examples
+    max_loss: float = ReplyLimits.max_loss
+
+    def limits(self) -> ReplyLimits:
+        """The :class:`ReplyLimits` these settings give (raises ServerError if invalid)."""
+        return ReplyLimits(max_examples=self.max_examples, max_loss=self.max_loss)
+
+    def roster(self) -> Roster:
+        """A fresh :class:`Roster` of this campaign's partners and keys."""
+        partners = list(self.partners) or sorted(self.partner_keys)
+        return Roster.from_pems(partners, self.partner_keys or None, bytes.fromhex(self.context_id))
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2))
@@ -76,39 +102,52 @@ class ServerConfig:
         return cls(**json.loads(Path(path).read_text()))
 
 
-def wait_for_nodes(grid: Grid, n: int, timeout_s: float) -> list[int]:
-    """Block until ``n`` nodes are connected; returns their ids. Raises NotEnoughPartnersError on timeout."""
+def wait_for_nodes(grid: Grid, want: int, timeout_s: float, need: int | None = None) -> list[int]:
+    """Wait until ``want`` nodes are connected, at most ``timeout_s`` seconds; returns
+    their ids. After the deadline, proceed with ``need`` (default: ``want``) or more.
+
+    Raises NotEnoughPartnersError if fewer than ``need`` are connected at the deadline.
+    """
+    need = want if need is None else need
     t0 = time.monotonic()
-    while len(ids := list(grid.get_node_ids())) < n:
+    while len(ids := list(grid.get_node_ids())) < want:
         if time.monotonic() - t0 > timeout_s:
-            raise NotEnoughPartnersError(f"only {len(ids)} of {n} partners connected within {timeout_s:.0f} s")
+            if len(ids) >= need:
+                log.warning("%d of %d partners connected within %.0f s; going on with them", len(ids), want, timeout_s)
+                return ids
+            raise NotEnoughPartnersError(f"only {len(ids)} of {want} partners connected within {timeout_s:.0f} s "
+                                         f"(at least {need} needed)")
         time.sleep(0.2)
     return ids
 
 
-def stats_round(grid: Grid, codec: CKKSCodec, cfg: ServerConfig, rlog: RoundLog) -> bytes:
-    """Query E([n, Σx, Σx²]) from every partner and add them; returns the aggregate frame."""
-    ids = wait_for_nodes(grid, cfg.num_partners, cfg.timeout_s)
-    content = RecordDict({P.CONFIG: ConfigRecord({"query": P.QUERY_STATS, **_scalar(cfg.train)})})
+def stats_round(grid: Grid, codec: CKKSCodec, cfg: ServerConfig, rlog: RoundLog, roster: Roster) -> tuple[bytes, int]:
+    """Query E([n, Σx, Σx²]) and n from every connected node, screen and check each reply,
+    bind each accepted node to its partner, and add the accepted ciphertexts.
+
+    Returns (aggregate frame, Σ declared n). Raises NotEnoughPartnersError if fewer than
+    ``min_partners`` replies are accepted (naming every refusal).
+    """
+    ids = wait_for_nodes(grid, cfg.num_partners, cfg.timeout_s, need=cfg.min_partners)
+    content = RecordDict({P.CONFIG: ConfigRecord({P.QUERY: P.QUERY_STATS, **_scalar(cfg.train)})})
     msgs = [Message(content=content, dst_node_id=nid, message_type=MessageType.QUERY) for nid in ids]
     replies = list(grid.send_and_receive(msgs, timeout=cfg.timeout_s))
-    frames: dict[str, bytes] = {}
-    for msg in replies:
-        name = partner_name(msg)
-        if msg.has_error():
-            log.warning("partner %s failed the statistics query: %s", name, msg.error.reason)
-            continue
-        try:
-            frames[name] = P.from_u8(msg.content[P.STATS]["stats_ct"].numpy())
-        except (KeyError, ValueError) as exc:
-            log.warning("rejected the statistics of partner %s: %s", name, exc)
-    length = cfg.stats_length
-    valid = validate_frames(codec, frames, length)
-    if len(valid.chunks) < cfg.min_partners:
+    length, limits = cfg.stats_length, cfg.limits()
+    screened = screen(replies, msgs, roster,
+                      lambda p, c: parse_stats_reply(c, codec=codec, length=length, limits=limits, signed=roster.signed),
+                      phase="statistics", bind=True)
+    accepted = sorted(screened.accepted)
+    if len(accepted) < cfg.min_partners:
         raise NotEnoughPartnersError(
-            f"statistics round: {len(valid.chunks)} valid replies, min_partners={cfg.min_partners}")
-    rlog.note(stats_partners=sorted(valid.chunks), stats_rejected=valid.rejected)
-    return sum_chunks(codec, valid, length)
+            f"statistics round: {len(accepted)} valid replies ({', '.join(accepted) or 'none'}), "
+            f"min_partners={cfg.min_partners}; rejected: " + "; ".join(f"{k}: {v}" for k, v in screened.rejected.items()))
+    for p in accepted:
+        roster.n_train[p] = screened.accepted[p].n
+    declared = sum(roster.n_train[p] for p in accepted)
+    rlog.note(stats_partners=accepted, stats_rejected=screened.rejected)
+    rlog.set_status(stats_declared_n=declared, stats_partners=accepted)
+    valid = Validated({p: screened.accepted[p].chunks for p in accepted}, screened.rejected)
+    return sum_chunks(codec, valid, length), declared
 
 
 def _scalar(d: dict) -> dict:
@@ -126,15 +165,18 @@ def run_server(grid: Grid, cfg: ServerConfig) -> None:
         rlog.set_status(server_has_secret_key=codec.has_secret_key)
         if codec.has_secret_key:
             raise SecretKeyPresentError(f"{cfg.public_context} holds a CKKS secret key")
+        roster = cfg.roster()
+        limits = cfg.limits()
         t0 = time.perf_counter()
-        stats_ct = stats_round(grid, codec, cfg, rlog)
+        stats_ct, declared = stats_round(grid, codec, cfg, rlog, roster)
         rlog.set_status(stats_seconds=time.perf_counter() - t0)
         initial = ArrayRecord({
-            "model_plain": Array(np.asarray(cfg.initial_params, dtype=np.float64)),
-            "stats_ct": Array(P.to_u8(stats_ct)),
+            P.MODEL_PLAIN: Array(np.asarray(cfg.initial_params, dtype=np.float64)),
+            P.STATS_CT: Array(P.to_u8(stats_ct)),
+            P.STATS_N: Array(np.array([declared], dtype=np.int64)),
         })
-        strategy = EncryptedFedAvg(codec, cfg.n_params, min_partners=cfg.min_partners,
-                                   num_partners=cfg.num_partners, round_log=rlog)
+        strategy = EncryptedFedAvg(codec, cfg.n_params, roster=roster, limits=limits, min_partners=cfg.min_partners,
+                                   round_log=rlog, wait_s=cfg.timeout_s)
         strategy.start(grid=grid, initial_arrays=initial, num_rounds=cfg.num_rounds, timeout=cfg.timeout_s,
                        train_config=ConfigRecord(_scalar(cfg.train)), evaluate_config=ConfigRecord(_scalar(cfg.train)))
         rlog.set_status(status="finished", finished=time.time())

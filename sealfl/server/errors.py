@@ -13,3 +13,18 @@ class NotEnoughPartnersError(ServerError):
 
 class SecretKeyPresentError(ServerError):
     """The aggregator was handed a CKKS context that holds a secret key: refuse to run."""
+
+
+class ReplyError(ServerError):
+    """A partner's reply failed a check; the reply does not count.
+
+    Attributes:
+        field: what failed (e.g. ``"metrics.num-examples"``, ``"update.update_ct"``,
+            ``"partner.signature"``).
+        reason: why, in words (the message is ``"<field>: <reason>"``).
+    """
+
+    def __init__(self, field: str, reason: str):
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason

@@ -5,9 +5,20 @@ the strategy adds the valid ciphertexts into E(Σ n_i w_i) and sums N = Σ n_i; 
 round's partners decrypt and divide (McMahan et al. 2017, FedAvg, eq. for w_{t+1};
 the HE variant follows NVFlare's HE aggregation filter design).
 
-Reuses Flower's :class:`flwr.serverapp.strategy.FedAvg` for node sampling and message
-construction; replaces aggregation. It never holds a secret key: construction refuses a
+Reuses Flower's :class:`flwr.serverapp.strategy.FedAvg` for message construction; replaces
+node sampling and aggregation. It never holds a secret key: construction refuses a
 codec whose context has one.
+
+Sampling: Flower's ``sample_nodes`` waits without end until ``min_available_nodes`` are
+connected, so one partner leaving between rounds would hang the campaign. Here a round
+goes to every node bound to a partner (:class:`sealfl.server.intake.Roster`) that is
+connected now, as soon as at least ``min_partners`` of them are; bound partners that are
+not connected are recorded as absent; fewer than ``min_partners`` for ``wait_s`` seconds
+raise :class:`NotEnoughPartnersError`.
+
+Every reply goes through :func:`sealfl.server.intake.screen` (who sent it) and the
+reply kind's checks in :mod:`sealfl.server.validation` (what it says) before anything of
+it counts; refusals name the partner and the reason in the log and in ``rounds.jsonl``.
 """
 
 from __future__ import annotations
@@ -17,25 +28,48 @@ import time
 from collections.abc import Iterable
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Message, MetricRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from sealfl.common import protocol as P
 from sealfl.common.he import CKKSCodec
 
-from .aggregate import Validated, sum_chunks, validate_frames
+from .aggregate import Validated, sum_chunks
 from .bookkeeping import RoundLog, save_checkpoint
 from .errors import NotEnoughPartnersError, SecretKeyPresentError
+from .intake import Roster, screen
+from .validation import ReplyLimits, parse_eval_reply, parse_train_reply
 
 log = logging.getLogger(__name__)
 
+#: seconds between two looks at the connected nodes while fewer than min_partners are
+POLL_S = 0.5
 
-def partner_name(msg: Message) -> str:
-    """The partner name a reply carries, else ``node-<id>``."""
-    try:
-        return str(msg.content[P.PARTNER]["name"])
-    except Exception:  # error replies have no content
-        return f"node-{msg.metadata.src_node_id}"
+
+def connected_partner_nodes(grid: Grid, roster: Roster, min_partners: int, wait_s: float,
+                            phase: str) -> tuple[list[int], dict[str, str]]:
+    """The nodes of bound partners that are connected, as soon as at least
+    ``min_partners`` are (waiting at most ``wait_s`` seconds), and ``{partner: "not
+    connected"}`` for the bound partners that are not.
+
+    Raises NotEnoughPartnersError if fewer than ``min_partners`` stay connected for ``wait_s``.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        connected = set(grid.get_node_ids())
+        nodes = [n for n in roster.bound_nodes() if n in connected]
+        if len(nodes) >= min_partners:
+            absent = {p: f"not connected at the start of the {phase} round" for p, n in roster.node_of.items()
+                      if n not in connected}
+            for p, why in absent.items():
+                log.warning("partner %s (node %d): %s", p, roster.node_of[p], why)
+            return nodes, absent
+        if time.monotonic() >= deadline:
+            raise NotEnoughPartnersError(
+                f"{phase} round: only {len(nodes)} partner node(s) connected for {wait_s:.0f} s "
+                f"({', '.join(roster.partner_of[n] for n in nodes) or 'none'}), min_partners={min_partners}")
+        time.sleep(POLL_S)
 
 
 class EncryptedFedAvg(FedAvg):
@@ -44,88 +78,104 @@ class EncryptedFedAvg(FedAvg):
     Args:
         codec: public CKKS codec of the campaign (must NOT hold the secret key).
         n_params: length of the flat model vector.
+        roster: who is who (bound in the statistics round) and what each partner declared.
+        limits: caps on what partners may report.
         min_partners: fewest valid updates a round may aggregate.
         round_log: where round records and checkpoints go (optional).
         shards: Ray tasks for summation of large models (1 = in-process; on 2 cores the
             2-task Ray sum was slower than in-process at every size in bench/he_bench.py).
+        wait_s: longest wait for ``min_partners`` connected partner nodes per round.
     Raises:
         SecretKeyPresentError: ``codec`` holds a secret key.
     """
 
-    def __init__(self, codec: CKKSCodec, n_params: int, *, min_partners: int = 2, num_partners: int = 2,
-                 round_log: RoundLog | None = None, shards: int = 1):
+    def __init__(self, codec: CKKSCodec, n_params: int, *, roster: Roster, limits: ReplyLimits | None = None,
+                 min_partners: int = 2, round_log: RoundLog | None = None, shards: int = 1, wait_s: float = 600.0):
         if codec.has_secret_key:
             raise SecretKeyPresentError("the aggregator's CKKS context holds a secret key; give it the public context")
         super().__init__(
-            fraction_train=1.0, fraction_evaluate=1.0, min_train_nodes=num_partners,
-            min_evaluate_nodes=num_partners, min_available_nodes=num_partners,
+            fraction_train=1.0, fraction_evaluate=1.0, min_train_nodes=min_partners,
+            min_evaluate_nodes=min_partners, min_available_nodes=min_partners,
             arrayrecord_key=P.GLOBAL, configrecord_key=P.CONFIG,
         )
         self.codec = codec
         self.n_params = n_params
+        self.roster = roster
+        self.limits = limits or ReplyLimits()
         self.min_partners = min_partners
         self.round_log = round_log
         self.shards = shards
+        self.wait_s = wait_s
         self.stats_ct: bytes | None = None
+        self.stats_n: np.ndarray | None = None
         self._t_round = 0.0
+        self._sent: list[Message] = []
+        self._absent: dict[str, str] = {}
 
     def summary(self) -> None:
         log.info("EncryptedFedAvg: CKKS N=%d, %d parameters, min_partners=%d",
                  self.codec.params.poly_modulus_degree, self.n_params, self.min_partners)
 
+    def _configure(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid,
+                   message_type: str, phase: str) -> list[Message]:
+        nodes, self._absent = connected_partner_nodes(grid, self.roster, self.min_partners, self.wait_s, phase)
+        config["server-round"] = server_round
+        record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
+        # keep the Message objects: the Grid sets their ids in place when it pushes them,
+        # and each reply is matched to the message (and node) it answers
+        self._sent = list(self._construct_messages(record, nodes, message_type))
+        log.info("%s round %d: sending to %d partner nodes", phase, server_round, len(nodes))
+        return self._sent
+
     def configure_train(self, server_round, arrays, config, grid):
+        """Train messages to every connected bound partner node (see module docstring)."""
         self._t_round = time.perf_counter()
-        if "stats_ct" in arrays:
-            self.stats_ct = P.from_u8(arrays["stats_ct"].numpy())
-        return super().configure_train(server_round, arrays, config, grid)
+        if P.STATS_CT in arrays:
+            self.stats_ct = P.from_u8(arrays[P.STATS_CT].numpy())
+            self.stats_n = arrays[P.STATS_N].numpy()
+        return self._configure(server_round, arrays, config, grid, MessageType.TRAIN, "train")
+
+    def configure_evaluate(self, server_round, arrays, config, grid):
+        """Evaluate messages to every connected bound partner node."""
+        return self._configure(server_round, arrays, config, grid, MessageType.EVALUATE, "evaluate")
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Validate and add the partners' ciphertexts.
+        """Check every reply (:func:`screen` + :func:`parse_train_reply`) and add the valid ciphertexts.
 
         Returns the new ``"global"`` ArrayRecord (``model_ct``, ``model_weight``,
-        ``stats_ct``) and a MetricRecord (weighted train loss, accepted/rejected counts).
-        Raises NotEnoughPartnersError if fewer than ``min_partners`` updates are valid.
+        ``stats_ct``, ``stats_n``) and a MetricRecord (weighted train loss,
+        accepted/rejected counts). Raises NotEnoughPartnersError (naming every refused
+        partner and why) if fewer than ``min_partners`` updates are valid; nothing is
+        written then, so the previous checkpoint stays.
         """
         t0 = time.perf_counter()
-        frames: dict[str, bytes] = {}
-        weights: dict[str, float] = {}
-        losses: dict[str, float] = {}
-        rejected: dict[str, str] = {}
-        for msg in replies:
-            name = partner_name(msg)
-            if msg.has_error():
-                rejected[name] = f"client error: {msg.error.reason}"
-                log.warning("partner %s failed this round: %s", name, msg.error.reason)
-                continue
-            try:
-                frames[name] = P.from_u8(msg.content[P.UPDATE]["update_ct"].numpy())
-                weights[name] = float(msg.content[P.METRICS][P.NUM_EXAMPLES])
-                losses[name] = float(msg.content[P.METRICS].get("train_loss", float("nan")))
-                if weights[name] <= 0:
-                    raise ValueError("num-examples is not positive")
-            except (KeyError, ValueError, TypeError) as exc:
-                frames.pop(name, None)
-                rejected[name] = f"malformed reply: {exc}"
-                log.warning("rejected the update of partner %s: malformed reply (%s)", name, exc)
-        valid: Validated = validate_frames(self.codec, frames, self.n_params)
-        rejected.update(valid.rejected)
-        accepted = sorted(valid.chunks)
+        roster = self.roster
+        screened = screen(
+            replies, self._sent, roster,
+            lambda p, c: parse_train_reply(c, codec=self.codec, length=self.n_params, limits=self.limits,
+                                           declared_n=roster.n_train[p], signed=roster.signed),
+            phase="train")
+        rejected = {**self._absent, **screened.rejected}
+        accepted = sorted(screened.accepted)
         if len(accepted) < self.min_partners:
             raise NotEnoughPartnersError(
                 f"round {server_round}: only {len(accepted)} valid partner update(s) "
                 f"({', '.join(accepted) or 'none'}), min_partners={self.min_partners}; rejected: "
                 + "; ".join(f"{k}: {v}" for k, v in rejected.items())
             )
-        model_ct = sum_chunks(self.codec, valid, self.n_params, shards=self.shards)
-        total = float(sum(weights[k] for k in accepted))
-        loss = float(sum(losses[k] * weights[k] for k in accepted) / total)
-        bytes_in = sum(len(frames[k]) for k in frames)
-        if self.stats_ct is None:
-            raise RuntimeError("stats ciphertext missing from the global record")
+        if self.stats_ct is None or self.stats_n is None:
+            raise NotEnoughPartnersError("the statistics ciphertext is missing from the global record")
+        upd = {p: screened.accepted[p] for p in accepted}
+        model_ct = sum_chunks(self.codec, Validated({p: r.chunks for p, r in upd.items()}, rejected), self.n_params,
+                              shards=self.shards)
+        total = sum(r.n for r in upd.values())
+        loss = float(sum(r.loss * r.n for r in upd.values()) / total)
+        bytes_in = sum(len(r.frame) for r in upd.values())
         record = ArrayRecord({
-            "model_ct": Array(P.to_u8(model_ct)),
-            "model_weight": Array(np.array([total], dtype=np.float64)),
-            "stats_ct": Array(P.to_u8(self.stats_ct)),
+            P.MODEL_CT: Array(P.to_u8(model_ct)),
+            P.MODEL_WEIGHT: Array(np.array([total], dtype=np.float64)),
+            P.STATS_CT: Array(P.to_u8(self.stats_ct)),
+            P.STATS_N: Array(np.asarray(self.stats_n, dtype=np.int64)),
         })
         if self.round_log is not None:
             self.round_log.note(
@@ -139,22 +189,26 @@ class EncryptedFedAvg(FedAvg):
         return record, metrics
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """Pooled test accuracy = Σ correct / Σ n over partners; per-partner figures go
-        to the round log."""
+        """Pooled test accuracy = Σ correct / Σ n over the partners whose evaluate reply
+        passes :func:`parse_eval_reply` (counts are integers, correct <= n, n equal to
+        the partner's earlier n, accuracy = correct/n, loss finite and bounded); per-partner
+        figures and refusals (``eval_rejected``) go to the round log, which closes the round
+        (also when no reply counts: ``pooled_test_accuracy`` is then NaN)."""
+        roster = self.roster
+        screened = screen(
+            replies, self._sent, roster,
+            lambda p, c: parse_eval_reply(c, limits=self.limits, expected_n=roster.n_test.get(p), signed=roster.signed),
+            phase="evaluate")
         per: dict[str, dict] = {}
-        for msg in replies:
-            if msg.has_error():
-                log.warning("partner %s failed evaluation: %s", partner_name(msg), msg.error.reason)
-                continue
-            m = msg.content[P.METRICS]
-            per[partner_name(msg)] = {"accuracy": float(m["accuracy"]), "loss": float(m["loss"]),
-                                      "correct": int(m["correct"]), "n": int(m[P.NUM_EXAMPLES])}
-        if not per:
-            return None
+        for p in sorted(screened.accepted):
+            r = screened.accepted[p]
+            roster.n_test.setdefault(p, r.n)
+            per[p] = {"accuracy": r.accuracy, "loss": r.loss, "correct": r.correct, "n": r.n}
         n = sum(v["n"] for v in per.values())
-        acc = sum(v["correct"] for v in per.values()) / max(n, 1)
+        acc = sum(v["correct"] for v in per.values()) / n if n else float("nan")
         if self.round_log is not None:
             self.round_log.note(pooled_test_accuracy=acc, per_partner=per,
+                                eval_rejected={**self._absent, **screened.rejected},
                                 round_seconds=time.perf_counter() - self._t_round)
             self.round_log.end_round(server_round)
-        return MetricRecord({"pooled_accuracy": acc, "n": n})
+        return MetricRecord({"pooled_accuracy": acc, "n": n}) if per else None
