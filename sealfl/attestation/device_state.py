@@ -15,7 +15,7 @@ crash consistency) is the caller's job (:mod:`sealfl.enclave.slots`).
                    "source_dir": str,                   # where it was installed from (informational)
                    "model_file": str}}                  # payload file run by the device
 
-``last_good`` is ``null`` on a device that has accepted nothing yet. The reader also takes
+A device that has accepted nothing yet has no ``state.json`` (``DeviceState()``). The reader also takes
 ``sealfl.device-state/v1`` (``release_dir`` instead of ``slot``, no ``statement_digest``);
 for such a state the same-version check compares root digests.
 
@@ -127,10 +127,6 @@ class DeviceState:
         fields = Fields(STATE_FILE, _state_error)
         schema = fields.get(doc, "schema", "choice", choices=(STATE_SCHEMA, STATE_SCHEMA_V1))
         fields.only(doc, ("schema", "last_good"))
-        if "last_good" not in doc:
-            raise fields.fail("last_good", "is missing")
-        if doc["last_good"] is None and schema == STATE_SCHEMA:
-            return cls()
         raw = fields.get(doc, "last_good", "object")
         keys = _LAST_GOOD_V2 if schema == STATE_SCHEMA else _LAST_GOOD_V1
         for key in keys:
@@ -156,13 +152,18 @@ class DeviceState:
                             statement_digest=statement, slot=slot, source_dir=source, model_file=model))
 
     def to_bytes(self) -> bytes:
-        """Serialise to ``state.json`` bytes (schema v2, canonical JSON + newline)."""
+        """Serialise to ``state.json`` bytes (schema v2, canonical JSON + newline).
+
+        Raises:
+            DeviceStateError: a fresh state (nothing accepted yet has no ``state.json``).
+        """
         last = self.last_good
-        doc: dict[str, Any] = {"schema": STATE_SCHEMA, "last_good": None}
-        if last is not None:
-            doc["last_good"] = {"name": last.name, "version": last.version, "root_digest": last.root_digest,
-                                "statement_digest": last.statement_digest, "slot": last.slot,
-                                "source_dir": last.source_dir, "model_file": last.model_file}
+        if last is None:
+            raise DeviceStateError("a fresh device state has no state.json; accept a release first")
+        doc: dict[str, Any] = {"schema": STATE_SCHEMA, "last_good": {
+            "name": last.name, "version": last.version, "root_digest": last.root_digest,
+            "statement_digest": last.statement_digest, "slot": last.slot, "source_dir": last.source_dir,
+            "model_file": last.model_file}}
         return canonical_json(doc) + b"\n"
 
     # -- transitions -------------------------------------------------------------------
