@@ -260,3 +260,39 @@ def test_deeply_nested_json_is_a_verification_error_not_a_crash():
 
     with pytest.raises(JSONFormatError, match="nested"):
         loads_strict(b"[" * 100_000)
+
+
+def test_kind_versions_are_bounded_everywhere(release_files, trust_dir, enclave, tmp_path):
+    """The issue's input: a validly signed release of version 2**62 would have become the
+    device's rollback floor for good. Versions are 0..2**31-1 in manifest, statement, policy
+    and device state; the signed 2**62 release is refused at the statement."""
+    import base64
+
+    from sealfl.attestation.manifest import MAX_VERSION, build_manifest
+    from sealfl.enclave.errors import ReleaseWriteError
+
+    assert MAX_VERSION == 2147483647
+    for bad in (2**31, 2**62, -1):
+        with pytest.raises(Exception) as info:
+            build_manifest({"m.onnx": b"x"}, "n", bad)
+        assert "version" in str(info.value)
+        with pytest.raises(ReleaseWriteError):
+            enclave.write_release(tmp_path / f"v{bad}", {"m.onnx": b"x"}, "n", bad)
+    envelope = json.loads(release_files["manifest.dsse.json"])
+    statement = json.loads(base64.b64decode(envelope["payload"]))
+    manifest = json.loads(release_files["manifest.json"])
+    statement["predicate"]["version"] = manifest["version"] = 2**62
+    payload = canonical_json(statement)
+    files = {**release_files, "manifest.json": canonical_json(manifest),
+             "manifest.dsse.json": json.dumps(sign_envelope(payload, PAYLOAD_TYPE, enclave._key)).encode(),
+             "attestation.json": canonical_json(build_attestation(
+                 enclave.tee.quote("release", hashlib.sha256(payload).digest(), [16])))}
+    err = _refused(files, load_trust_anchors(trust_dir), "manifest.dsse.json", "statement")
+    assert "'predicate.version'" in str(err) and "2147483647" in str(err)
+    statement["predicate"]["version"] = manifest["version"] = MAX_VERSION  # the bound itself is a version
+    payload = canonical_json(statement)
+    files = {**release_files, "manifest.json": canonical_json(manifest),
+             "manifest.dsse.json": json.dumps(sign_envelope(payload, PAYLOAD_TYPE, enclave._key)).encode(),
+             "attestation.json": canonical_json(build_attestation(
+                 enclave.tee.quote("release", hashlib.sha256(payload).digest(), [16])))}
+    assert verify_release(files, load_trust_anchors(trust_dir)).version == MAX_VERSION

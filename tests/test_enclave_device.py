@@ -182,3 +182,17 @@ def test_same_version_with_other_content_is_refused(trust_dir, enclave, tmp_path
     with pytest.raises(BootError) as info:
         boot(trust_dir, tmp_path / "b", state)
     assert info.value.check == "rollback"
+
+
+def test_kind_implausible_version_jump_is_refused_by_policy(enclave, tmp_path):
+    trust = enclave.export_trust(tmp_path / "trust-step", max_version_step=10)
+    state = tmp_path / "device"
+    for v in (3, 13, 24):
+        enclave.write_release(tmp_path / f"r{v}", default_payload(), "heart-mlp", v, {"model_file": MODEL_FILE})
+    boot(trust, tmp_path / "r3", state).close()
+    boot(trust, tmp_path / "r13", state).close()  # +10: allowed
+    with pytest.raises(BootError) as info:
+        boot(trust, tmp_path / "r24", state)  # +11
+    assert (info.value.file, info.value.check) == ("manifest.json", "version")
+    assert "max_version_step" in str(info.value)
+    assert read_device_state(state).last_good.version == 13
