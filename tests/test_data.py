@@ -11,8 +11,10 @@ import csv
 import math
 
 import numpy as np
+import pytest
 
 from sealfl.clients.data import FEATURES, HOSPITALS, csv_path, load_partitions
+from sealfl.clients.errors import DataError
 
 
 def _independent_counts():
@@ -52,3 +54,64 @@ def test_features_and_determinism():
     # one-hot blocks: at most one level set (first level dropped)
     cp = a[0].x_train[:, 8:11]
     assert set(np.unique(cp.sum(axis=1))) <= {0.0, 1.0}
+
+
+def _rewrite(tmp_path, edit):
+    """A copy of the shipped CSV with ``edit(row)`` applied to every row."""
+    with open(csv_path(), newline="") as fh:
+        reader = csv.DictReader(fh)
+        rows, fields = list(reader), reader.fieldnames
+    for r in rows:
+        edit(r)
+    out = tmp_path / "heart.csv"
+    with open(out, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+    return out
+
+
+def test_kind_binary_columns_take_their_documented_codings(tmp_path):
+    """A site that codes sex/fbs/exang as 1/0 (UCI's own coding), or with stray spaces and
+    other letter case, gives exactly the same features as the shipped Male/TRUE coding."""
+    codes = {"sex": {"Male": "1", "Female": "0"}, "fbs": {"TRUE": " 1", "FALSE": "0 "},
+             "exang": {"TRUE": "true", "FALSE": " False "}}
+
+    def recode(r):
+        for col, m in codes.items():
+            r[col] = m.get(r[col], r[col])
+        r["cp"] = r["cp"].upper()
+    ref = load_partitions()
+    got = load_partitions(path=_rewrite(tmp_path, recode))
+    for a, b in zip(ref, got):
+        np.testing.assert_array_equal(a.x_train, b.x_train)
+        np.testing.assert_array_equal(a.x_test, b.x_test)
+    # the number of male rows is the CSV's own count of "Male" among complete rows
+    males = sum(1 for r in csv.DictReader(open(csv_path(), newline=""))
+                if r["sex"] == "Male" and all(r[k] != "" for k in r if k not in ("slope", "ca", "thal")))
+    assert int(sum(p.x_train[:, 1].sum() + p.x_test[:, 1].sum() for p in got)) == males
+
+
+@pytest.mark.parametrize("missing", ["?", "NA", " na ", ""])
+def test_kind_missing_markers_drop_the_row(tmp_path, missing):
+    first = {}
+
+    def blank_first_cleveland(r):
+        if r["dataset"] == "Cleveland" and not first:
+            first["id"] = r["id"]
+            r["chol"] = missing
+    parts = load_partitions(path=_rewrite(tmp_path, blank_first_cleveland))
+    assert sum(len(p.y_train) + len(p.y_test) for p in parts) == 740 - 1
+
+
+@pytest.mark.parametrize("col, value", [("sex", "M"), ("sex", "2"), ("fbs", "yes?"), ("exang", "1.0"),
+                                        ("chol", "abc"), ("age", "nan"), ("age", "inf"), ("cp", "angina"),
+                                        ("num", "7"), ("num", "-1")])
+def test_kind_undocumented_values_name_row_column_value(tmp_path, col, value):
+    def poison(r):
+        if r["id"] == "5":
+            r[col] = value
+    with pytest.raises(DataError) as exc:
+        load_partitions(path=_rewrite(tmp_path, poison))
+    msg = str(exc.value)
+    assert "row 6" in msg and "id='5'" in msg and repr(col) in msg and repr(value) in msg

@@ -5,6 +5,7 @@ The campaign is replaced by a checkpoint encrypted under the consortium's CKKS c
 """
 
 import base64
+import hashlib
 import json
 import shutil
 import subprocess
@@ -94,11 +95,13 @@ def _other_signer(d, built):
 
 
 def _other_measurement(d, built):
-    # the same enclave (same attestation key) after running other code: PCR 16 differs
+    # the same enclave (same attestation key) after running other code: PCR 16 differs; the
+    # quote is a genuine release attestation over this release's signed statement
     enclave = ReleaseEnclave.open(enclave_dir(built["cons"]))
     enclave.tee.extend(16, b"\x42" * 32)
-    root_digest = bytes.fromhex(built["res"].summary["root_digest"])
-    (d / "attestation.json").write_text(json.dumps(build_attestation(enclave.attest(root_digest))))
+    statement = base64.b64decode(json.loads((d / "manifest.dsse.json").read_text())["payload"])
+    quote = enclave.tee.quote("release", hashlib.sha256(statement).digest(), [16])
+    (d / "attestation.json").write_text(json.dumps(build_attestation(quote)))
 
 
 def _missing(d, built):
@@ -205,6 +208,8 @@ def test_device_boot_cli_keeps_last_good_and_exits_3(built, tmp_path):
     ("age,sex\n" + ",".join(["1"] * 13) + "\n", "header has 2 columns"),
     (",".join(["1"] * 12 + ["1e39"]) + "\n", "float32"),
     ("", "no data rows"),
+    # the hardening issue's example: another patient's implausible chol is refused by name
+    ("63,1,145,233,1,150,0,2.3,0,0,1,0,0\n63,1,145,100000,1,150,0,2.3,0,0,1,0,0\n", "row 2, column 'chol'"),
 ])
 def test_device_boot_cli_rejects_bad_input_rows(built, tmp_path, content, words):
     f = tmp_path / "in.csv"
@@ -213,6 +218,20 @@ def test_device_boot_cli_rejects_bad_input_rows(built, tmp_path, content, words)
              "-s", tmp_path / "s", "--input", f)
     assert r.returncode == 1
     assert words in " ".join(r.stderr.split()) and "Traceback" not in r.stderr
+
+
+def test_release_states_its_quantisation_canary_and_input_ranges(built):
+    from sealfl.clients.data import FEATURE_SPEC
+
+    meta = json.loads((built["root"] / "release" / "manifest.json").read_text())["metadata"]
+    assert meta["quantization"]["name"] == "sealfl.int8-per-row/v1"
+    assert meta["input"]["features"] == [dict(f) for f in FEATURE_SPEC]
+    canary = meta["canary"]
+    assert canary["tolerance"] == 1e-4 and len(canary["inputs"]) == len(canary["expected"]) >= 8
+    # the canary's expected outputs are what onnxruntime computes on this CPU, within tolerance
+    int8 = (built["root"] / "release" / MODEL_FILE).read_bytes()
+    got = ort.InferenceSession(int8).run(None, {"features": np.asarray(canary["inputs"], np.float32)})[0]
+    np.testing.assert_allclose(got, np.asarray(canary["expected"]), rtol=0, atol=canary["tolerance"])
 
 
 def test_release_versions_must_increase(built, tmp_path):

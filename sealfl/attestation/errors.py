@@ -24,6 +24,7 @@ __all__ = [
     "TrustAnchorError",
     "DeviceStateError",
     "VerificationError",
+    "CanaryError",
     "CHECKS",
 ]
 
@@ -125,3 +126,8 @@ class VerificationError(AttestationError):
 
     def __reduce__(self):  # keep pickling (e.g. across processes) working with the custom __init__
         return (type(self), (self.file, self.check, self.detail, self.files))
+
+
+class CanaryError(AttestationError):
+    """A release's signed canary is malformed, or the model's answers on this device differ
+    from the canary's expected outputs (or depend on the batch) beyond its tolerance."""

@@ -134,7 +134,7 @@ def _listing_problems(listed: Collection[str], present: Collection[str]) -> None
     if missing:
         parts.append(f"listed in the signed manifest but absent: {missing}")
     if extra:
-        parts.append(f"present but not listed in the signed manifest (never read): {extra}")
+        parts.append(f"present but not listed in the signed manifest: {extra}")
     detail = "; ".join(parts)
     if missing:
         raise VerificationError(missing[0], "missing-file", detail, tuple(missing))

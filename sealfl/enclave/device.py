@@ -14,7 +14,9 @@
 5. extend the verified root digest into PCR 23;
 6. start :class:`~sealfl.enclave.runtime.SandboxedRuntime` with the verified bytes of the
    model file (``metadata["model_file"]``, else the single ``.onnx`` payload file);
-7. health check (ping + one inference on zeros when the first input is float);
+7. health check (ping + one inference on zeros when the first input is float), then the
+   release's signed canary (:mod:`sealfl.enclave.acceptance`): batch and row-by-row
+   answers must match the canary's expected outputs within its tolerance;
 8. record the release crash-consistently (:func:`sealfl.enclave.slots.commit`): a private
    copy of the verified bytes in a new ``state_dir/slots/<name>``, then ``state.json``
    (:meth:`DeviceState.accept`), then removal of older slots.
@@ -37,7 +39,7 @@ import numpy as np
 
 from sealfl.attestation.config import DEFAULT_CONFIG, VerifyConfig
 from sealfl.attestation.device_state import STATE_FILE, STATE_SCHEMA, DeviceState, LastGood
-from sealfl.attestation.errors import DeviceStateError, TrustAnchorError, VerificationError
+from sealfl.attestation.errors import CanaryError, DeviceStateError, TrustAnchorError, VerificationError
 from sealfl.attestation.quote import CHALLENGE_PURPOSE
 from sealfl.attestation.reader import load_release
 from sealfl.attestation.trust import load_trust_anchors
@@ -46,7 +48,9 @@ from sealfl.common.fsutil import ensure_private_dir
 
 from . import measure as _measure
 from . import slots as _slots
-from .errors import BootError, EnclaveError, RuntimeSandboxError
+from .acceptance import input_spec_of, run_canary
+from .errors import BootError, EnclaveError, InputSpecError, RuntimeSandboxError
+from .inputs import check_rows
 from .runtime import SandboxedRuntime
 from .tee import TEE, create_tee, load_tee
 
@@ -77,17 +81,21 @@ class BootedDevice:
         self.runtime = runtime
         self.tee = tee
         self.release_dir = release_dir
+        self.input_spec = input_spec_of(release.metadata)
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         """Run the model on ``x`` (float32, shape ``(n, d)``) via its first input; return output 0.
 
+        Every row is first checked against the release's signed feature ranges
+        (:func:`sealfl.enclave.inputs.check_rows`).
+
         Raises:
-            ValueError: ``x`` is not 2-D.
+            InputRangeError (a ValueError): ``x`` is not 2-D with the model's width, or a
+                cell is not finite or outside its documented range (names row and column).
             RuntimeSandboxError: inference failed in the sandbox.
         """
         arr = np.asarray(x, dtype=np.float32)
-        if arr.ndim != 2:
-            raise ValueError(f"predict expects a 2-D (n, d) array, got shape {arr.shape}")
+        check_rows(self.input_spec, arr)
         return self.runtime.run({self.runtime.input_names[0]: arr})[0]
 
     def attest(self, nonce: bytes) -> dict:
@@ -227,10 +235,16 @@ def _boot_locked(trust_dir, release_dir, state_root: Path, *, backend: str,
         raise BootError(f"cannot start the runtime for {model_file}: {exc}", reason="runtime") from exc
     try:
         _health_check(runtime)
-    except RuntimeSandboxError as exc:
+        input_spec_of(release.metadata)
+        run_canary(runtime, release.metadata)
+    except (RuntimeSandboxError, InputSpecError) as exc:
         runtime.close()
         raise BootError(f"health check of {release.name} v{release.version} failed: {exc}",
                         reason="health-check") from exc
+    except CanaryError as exc:
+        runtime.close()
+        raise BootError(f"release {release.name} v{release.version} fails its signed canary on this device: {exc}",
+                        reason="canary") from exc
     if record:
         try:
             _record(state_root, state, release, release_path, model_file)
@@ -260,8 +274,9 @@ def boot(trust_dir: str | os.PathLike, release_dir: str | os.PathLike, state_dir
 
     Raises:
         BootError: ``reason`` is ``"trust"``, ``"state"``, ``"tee"``, ``"verification"``
-            (with ``.file``/``.check`` of the failed check), ``"model"``, ``"runtime"`` or
-            ``"health-check"``; ``state.json`` still names a complete, verifiable slot.
+            (with ``.file``/``.check`` of the failed check), ``"model"``, ``"runtime"``,
+            ``"health-check"`` or ``"canary"``; ``state.json`` still names a complete,
+            verifiable slot.
     """
     return _boot(trust_dir, release_dir, state_dir, backend=backend, runtime_options=runtime_options,
                  config=config)

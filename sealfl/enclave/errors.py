@@ -17,6 +17,8 @@ __all__ = [
     "RuntimeSandboxError",
     "ReleaseWriteError",
     "SecretNotFoundError",
+    "InputSpecError",
+    "InputRangeError",
 ]
 
 
@@ -41,7 +43,7 @@ class BootError(EnclaveError):
     """The device refused to boot a release.
 
     Attributes:
-        reason: short machine-readable reason (``"verification"``, ``"health-check"``,
+        reason: short machine-readable reason (``"verification"``, ``"health-check"``, ``"canary"``,
             ``"runtime"``, ``"trust"``, ``"state"``, ``"tee"``, ``"model"``).
         file: failing release file for ``"verification"`` failures, else None.
         check: failing check name for ``"verification"`` failures, else None.
@@ -65,3 +67,12 @@ class ReleaseWriteError(EnclaveError):
 
 class SecretNotFoundError(EnclaveError):
     """No sealed secret with that name exists in the enclave state directory."""
+
+
+class InputSpecError(EnclaveError):
+    """A release's signed ``input`` description (feature ranges) is malformed."""
+
+
+class InputRangeError(EnclaveError, ValueError):
+    """A row given to the device's model is not finite, outside the release's documented
+    feature ranges, or has an invalid one-hot group; the message names row and column."""

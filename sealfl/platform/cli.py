@@ -314,7 +314,8 @@ def device_boot(
                 x = read_feature_rows(features_csv, int(shape[1]) if shape[1] else 13)
                 probs = dev.predict(x).reshape(-1)
             except (ValueError, OSError, SealflError) as exc:
-                fail(str(exc))
+                msg = str(exc)
+                fail(msg if msg.startswith(str(features_csv)) else f"{features_csv}: {msg}")
             sys.stdout.write("".join(f"{float(p):.4f}\n" for p in probs))
     if code:
         raise typer.Exit(code)

@@ -5,6 +5,11 @@ Provisioning (at consortium set-up): :func:`provision_release_enclave` creates t
 release enclave (``<consortium>/enclave``), seals the CKKS secret context into it and
 exports the device trust anchors (``<consortium>/trust``).
 
+Quantisation: :mod:`sealfl.platform.quantize` (per-row int8 activations, 7-bit weights:
+each row's answer is independent of the batch and of the CPU). The release carries a
+signed canary (:mod:`sealfl.platform.canary`) that devices check before they accept it;
+the build machine checks it first (:func:`~sealfl.platform.canary.self_check`).
+
 Gate: the INT8 model's pooled test accuracy may be at most ``max_drop`` (default 0.01,
 one point) below the fp32 model's; otherwise :class:`ReleaseError` and nothing is
 written. Accuracies are pooled from per-partner ``{correct, n}`` counts that each
@@ -28,10 +33,11 @@ from sealfl.enclave.keyholder import KeyHolder
 from sealfl.enclave.release_enclave import ReleaseEnclave
 from sealfl.server.bookkeeping import load_checkpoint
 
+from .canary import build_canary, canary_rows, self_check
 from .consortium import Consortium
 from .errors import ReleaseError
 from .fedeval import federated_evaluate
-from .quantize import quantize_int8
+from .quantize import SCHEME, quantize_int8
 
 log = logging.getLogger(__name__)
 MODEL_FILE = "model.int8.onnx"
@@ -163,17 +169,26 @@ def release(consortium_dir: str | Path, campaign_dir: str | Path, out_dir: str |
     params = keys.decrypt_average(ckpt["model_ct"], ckpt["model_weight"], task.n_params)
     mean, std = mean_std(keys.decrypt(ckpt["stats_ct"]))
     fp32 = task.to_onnx(params, mean, std)
-    int8 = quantize_int8(fp32)
+    try:
+        int8 = quantize_int8(fp32)
+        canary = build_canary(int8, task.input_name, task.output_name,
+                              canary_rows(task.input_features, mean, std))
+    except ValueError as exc:
+        raise ReleaseError(f"cannot quantise the model: {exc}") from exc
+    self_check(int8, canary)
     acc = federated_evaluate(cons, {"fp32": fp32, "int8": int8}, ray_address=ray_address)
     check_gate(acc["fp32"]["pooled"], acc["int8"]["pooled"], max_drop)
     metadata = {
         "model_file": MODEL_FILE,
         "task": task.name,
-        "input": {"name": "features", "dtype": "float32", "shape": ["batch", 13]},
-        "output": {"name": "probability", "dtype": "float32", "shape": ["batch", 1]},
-        "quantization": "onnxruntime quantize_dynamic, QInt8 weights",
+        "input": {"name": task.input_name, "dtype": "float32", "shape": ["batch", task.n_features],
+                  "features": [dict(f) for f in task.input_features]},
+        "output": {"name": task.output_name, "dtype": "float32", "shape": ["batch", 1]},
+        "quantization": dict(SCHEME),
+        "canary": canary,
         "campaign": {"rounds": ckpt["round"], "context_id": cons.context_id, "partners": cons.partners},
-        "accuracy": {"fp32_pooled_test": acc["fp32"]["pooled"], "int8_pooled_test": acc["int8"]["pooled"]},
+        "accuracy": {"fp32_pooled_test": acc["fp32"]["pooled"], "int8_pooled_test": acc["int8"]["pooled"],
+                     "max_drop": max_drop},
     }
     summary = enclave.write_release(out_dir, {MODEL_FILE: int8}, name, version, metadata)
     _register(cons, summary)
