@@ -18,6 +18,8 @@ if str(_REPO) not in sys.path:
 
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
+from sealfl.attestation.bundle import assemble_release  # noqa: E402
+from sealfl.attestation.quote import RELEASE_PURPOSE  # noqa: E402
 from sealfl.attestation.release import read_release_dir  # noqa: E402
 from sealfl.enclave.release_enclave import ReleaseEnclave  # noqa: E402
 
@@ -50,6 +52,24 @@ def sample_inputs(n: int = 5, seed: int = 0) -> np.ndarray:
 def default_payload() -> dict[str, bytes]:
     """Payload of a typical release: the model plus a small labels file."""
     return {MODEL_FILE: make_onnx_model(), "labels.json": b'{"0": "healthy", "1": "disease"}\n'}
+
+
+def signed_release_files(enclave: ReleaseEnclave, payload: dict[str, bytes], name: str, version: int,
+                         metadata: dict | None = None) -> dict[str, bytes]:
+    """Every file of a release validly signed and attested by ``enclave``, *without* the
+    enclave's own self-verification -- for releases the device must refuse on content
+    (e.g. an ONNX file with external data), which ``write_release`` would not write."""
+    return assemble_release(payload, name, version, metadata, enclave._key,
+                            lambda data: enclave.tee.quote(RELEASE_PURPOSE, data, [16]))
+
+
+def write_signed_release(enclave: ReleaseEnclave, out: Path, payload: dict[str, bytes], name: str, version: int,
+                         metadata: dict | None = None) -> Path:
+    """Write :func:`signed_release_files` into the new directory ``out``; return it."""
+    out.mkdir(parents=True)
+    for file_name, data in signed_release_files(enclave, payload, name, version, metadata).items():
+        (out / file_name).write_bytes(data)
+    return out
 
 
 @pytest.fixture

@@ -12,8 +12,9 @@ from Crypto.Signature import DSS
 from Crypto.Util.asn1 import DerSequence
 
 from sealfl.attestation import keys
+from sealfl.attestation.canonical import b64decode_strict
 from sealfl.attestation.dsse import pae, sign_envelope, verify_envelope
-from sealfl.attestation.errors import SignatureError
+from sealfl.attestation.errors import FormatError, SignatureError
 
 # secure-systems-lab/dsse protocol.md, "Test Vectors" (ECDSA P-256, SHA-256, raw r||s).
 SPEC_X = 46950820868899156662930047687818585632848591499744589407958293238635476079160
@@ -72,12 +73,37 @@ def test_sign_verify_round_trip_and_refusals():
         verify_envelope(env, [key.public_key()], expected_payload_type="application/json")
 
 
-def test_url_safe_base64_accepted():
+# RFC 4648 §10 test vectors (standard alphabet, canonical padding)
+RFC4648_VECTORS = [(b"", ""), (b"f", "Zg=="), (b"fo", "Zm8="), (b"foo", "Zm9v"), (b"foob", "Zm9vYg=="),
+                   (b"fooba", "Zm9vYmE="), (b"foobar", "Zm9vYmFy")]
+
+
+def test_kind_base64_decodes_rfc4648_vectors_and_nothing_else():
+    for raw, text in RFC4648_VECTORS:
+        assert b64decode_strict(text, "field") == raw
+    # each of these decodes to the bytes of a vector under a lenient decoder; strictly, none is accepted
+    for text in ("Zg", "Zg=", "Zm8", "Zh==", "Zm9=", "Zm 9v", "Zm9v\n", "Zm!!9v", "Zm9v====",
+                 "-_-_Pj8=", "+/+/Pj8", "Zg==Zg==", "=", "Zm9v=", 7, None):
+        with pytest.raises(FormatError):
+            b64decode_strict(text, "field")
+
+
+def test_kind_dsse_base64_is_strict_in_payload_and_signature():
     key = keys.generate_key()
-    payload = b"\xfb\xff\xbf>?"  # encodes to '+/+/Pj8=' vs URL-safe '-_-_Pj8='
+    payload = b"\xfb\xff\xbf>?"  # standard '+/+/Pj8=', URL-safe '-_-_Pj8='
     env = sign_envelope(payload, "application/vnd.in-toto+json", key)
-    env["payload"] = base64.urlsafe_b64encode(payload).decode().rstrip("=")
-    assert verify_envelope(env, [key.public_key()]) == payload
+    assert env["payload"] == "+/+/Pj8=" and verify_envelope(env, [key.public_key()]) == payload
+    # the input: one '+' turned into '-' and '!!' inserted -- a lenient decoder still verified it
+    forged = env["payload"].replace("+", "-", 1)
+    for text in (forged[:4] + "!!" + forged[4:], "-_-_Pj8=", "-_-_Pj8", "+/+/Pj8", "+/+/Pj8=\n"):
+        with pytest.raises(SignatureError, match="Base64"):
+            verify_envelope(dict(env, payload=text), [key.public_key()])
+    sig = env["signatures"][0]["sig"]
+    for text in (sig[:4] + "!!" + sig[4:], sig.replace("+", "-").replace("/", "_") if ("+" in sig or "/" in sig)
+                 else sig[:-1] + "-", sig.rstrip("=") if sig.endswith("=") else sig + "=="):
+        bad = dict(env, signatures=[dict(env["signatures"][0], sig=text)])
+        with pytest.raises(SignatureError, match="Base64"):
+            verify_envelope(bad, [key.public_key()])
 
 
 def test_malformed_envelopes_raise_signature_error():

@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import json
 import os
+from pathlib import Path
 
 import pytest
 from conftest_release import MODEL_FILE, enclave, release_dir, release_files, trust_dir  # noqa: F401
@@ -16,10 +17,28 @@ from sealfl.attestation.canonical import canonical_json
 from sealfl.attestation.dsse import sign_envelope
 from sealfl.attestation.errors import TrustAnchorError, VerificationError
 from sealfl.attestation.quote import pcr_after
-from sealfl.attestation.release import load_trust_anchors, read_release_dir, verify_release
+from sealfl.attestation.release import (
+    DeviceState,
+    LastGood,
+    load_trust_anchors,
+    read_release_dir,
+    verify_release,
+)
 from sealfl.attestation.statement import PAYLOAD_TYPE
 from sealfl.enclave.measure import measure_release_enclave
 from sealfl.enclave.sim import SimTEE
+
+
+def _statement_digest(files) -> str:
+    """SHA-256 of the signed statement, computed here with base64 + hashlib."""
+    import base64
+
+    return hashlib.sha256(base64.b64decode(json.loads(files["manifest.dsse.json"])["payload"])).hexdigest()
+
+
+def _state(version: int, root_digest: str = "0" * 64, statement_digest: str | None = "0" * 64) -> DeviceState:
+    """A device that last ran ``version`` (root / statement digests as given)."""
+    return DeviceState(LastGood("heart-mlp", version, root_digest, statement_digest, "slots/x", "/src", MODEL_FILE))
 
 
 def _refused(files, trust, file, check, **kw) -> VerificationError:
@@ -33,7 +52,8 @@ def _refused(files, trust, file, check, **kw) -> VerificationError:
 
 def test_untouched_release_is_accepted(release_files, trust_dir):
     trust = load_trust_anchors(trust_dir)
-    verified = verify_release(release_files, trust, last_version=3)
+    root = json.loads(release_files["manifest.json"])["root_digest"]
+    verified = verify_release(release_files, trust, state=_state(3, root, _statement_digest(release_files)))
     assert (verified.name, verified.version, verified.backend) == ("heart-mlp", 3, "sim")
     # root digest recomputed here from the files on disk with hashlib
     h = hashlib.sha256()
@@ -43,6 +63,7 @@ def test_untouched_release_is_accepted(release_files, trust_dir):
     assert set(verified.payload) == {"labels.json", MODEL_FILE}
     assert verified.payload[MODEL_FILE] is release_files[MODEL_FILE]  # the very bytes that were hashed
     assert verified.metadata == {"model_file": MODEL_FILE}
+    assert verified.statement_digest == _statement_digest(release_files)
 
 
 def test_trust_dir_pins_the_enclave_measurement(trust_dir, enclave):
@@ -95,30 +116,64 @@ def test_dsse_signed_by_another_key_refused(release_files, trust_dir):
 
 
 def test_attestation_with_other_measurement_refused(release_files, trust_dir, enclave):
-    root = json.loads(release_files["manifest.json"])["root_digest"]
+    statement = bytes.fromhex(_statement_digest(release_files))
     # Same TEE (same pinned AK), rebooted, PCR 16 extended with a different code digest.
     tee = SimTEE.load(enclave.state_dir / "tee", reset_pcrs=True)
     tee.extend(16, hashlib.sha256(b"patched release enclave code").digest())
-    quote = tee.quote(bytes.fromhex(root), [16])
+    quote = tee.quote("release", statement, [16])
     files = {**release_files, "attestation.json": canonical_json(build_attestation(quote))}
     err = _refused(files, load_trust_anchors(trust_dir), "attestation.json", "attestation")
     assert "PCR 16" in str(err)
 
 
 def test_attestation_from_another_tee_refused(release_files, trust_dir, tmp_path):
-    root = json.loads(release_files["manifest.json"])["root_digest"]
+    statement = bytes.fromhex(_statement_digest(release_files))
     rogue = SimTEE.create(tmp_path / "rogue")
     rogue.extend(16, measure_release_enclave())  # right measurement, wrong (unpinned) AK
-    quote = rogue.quote(bytes.fromhex(root), [16])
+    quote = rogue.quote("release", statement, [16])
     files = {**release_files, "attestation.json": canonical_json(build_attestation(quote))}
     _refused(files, load_trust_anchors(trust_dir), "attestation.json", "attestation")
 
 
 def test_attestation_for_another_release_refused(release_files, trust_dir, enclave):
-    stale = enclave.attest(hashlib.sha256(b"some other root digest").digest())
+    stale = enclave.tee.quote("release", hashlib.sha256(b"some other statement").digest(), [16])
     files = {**release_files, "attestation.json": canonical_json(build_attestation(stale))}
     err = _refused(files, load_trust_anchors(trust_dir), "attestation.json", "attestation")
     assert "nonce" in str(err)
+
+
+def test_kind_challenge_quote_is_not_a_release_attestation(release_files, trust_dir, enclave):
+    """The issue's input: ReleaseEnclave.attest(nonce) with nonce = the release's root digest
+    (or its statement digest) is a genuine quote by the pinned AK with the pinned PCRs, and
+    still never passes as the release attestation."""
+    root = json.loads(release_files["manifest.json"])["root_digest"]
+    for nonce in (bytes.fromhex(root), bytes.fromhex(_statement_digest(release_files))):
+        challenge = enclave.attest(nonce)
+        files = {**release_files, "attestation.json": canonical_json(build_attestation(challenge))}
+        err = _refused(files, load_trust_anchors(trust_dir), "attestation.json", "attestation")
+        assert "purpose" in str(err)
+
+
+def test_kind_attestation_is_bound_to_the_signed_statement_not_only_the_root(trust_dir, enclave, tmp_path):
+    """v4 and v5 carry the same model bytes (same root digest); v4's attestation in v5's
+    directory is refused, so an attestation cannot be carried over to another version."""
+    from conftest_release import default_payload
+
+    v4 = read_release_dir(Path(enclave.write_release(tmp_path / "v4", default_payload(), "heart-mlp", 4,
+                                                     {"model_file": MODEL_FILE})["dir"]))
+    v5 = read_release_dir(Path(enclave.write_release(tmp_path / "v5", default_payload(), "heart-mlp", 5,
+                                                     {"model_file": MODEL_FILE})["dir"]))
+    assert json.loads(v4["manifest.json"])["root_digest"] == json.loads(v5["manifest.json"])["root_digest"]
+    files = {**v5, "attestation.json": v4["attestation.json"]}
+    err = _refused(files, load_trust_anchors(trust_dir), "attestation.json", "attestation")
+    assert "nonce" in str(err)
+
+
+def test_kind_version_one_attestation_is_refused(release_files, trust_dir, enclave):
+    doc = json.loads(release_files["attestation.json"])
+    doc["schema"] = "sealfl.release-attestation/v1"
+    files = {**release_files, "attestation.json": canonical_json(doc)}
+    _refused(files, load_trust_anchors(trust_dir), "attestation.json", "attestation")
 
 
 def test_sim_attestation_refused_when_policy_forbids_insecure(release_files, trust_dir):
@@ -140,9 +195,24 @@ def test_extra_file_refused(release_files, trust_dir):
 
 def test_rollback_and_min_version_refused(release_files, trust_dir):
     trust = load_trust_anchors(trust_dir)
-    _refused(release_files, trust, "manifest.json", "rollback", last_version=4)
-    verify_release(release_files, trust, last_version=3)  # same version is fine (re-boot)
+    root, statement = json.loads(release_files["manifest.json"])["root_digest"], _statement_digest(release_files)
+    _refused(release_files, trust, "manifest.json", "rollback", state=_state(4, root, statement))
+    verify_release(release_files, trust, state=_state(3, root, statement))  # the same release again is fine
+    # the same version as another signed release (other statement, even with the same root) is not
+    _refused(release_files, trust, "manifest.json", "rollback", state=_state(3, root, "1" * 64))
+    _refused(release_files, trust, "manifest.json", "rollback", state=_state(3, "2" * 64, None))  # v1 state
+    verify_release(release_files, trust, state=_state(3, root, None))  # v1 state: same root = re-boot
     _refused(release_files, dataclasses.replace(trust, min_version=4), "manifest.json", "version")
+
+
+def test_kind_version_jump_over_policy_step_refused(release_files, trust_dir):
+    trust = load_trust_anchors(trust_dir)
+    assert trust.max_version_step == 1000  # the default, written into policy.json
+    verify_release(release_files, dataclasses.replace(trust, max_version_step=1), state=_state(2))
+    err = _refused(release_files, dataclasses.replace(trust, max_version_step=1), "manifest.json", "version",
+                   state=_state(1))
+    assert "max_version_step" in str(err)
+    verify_release(release_files, trust, state=None)  # a fresh device has no floor to jump from
 
 
 def test_mutable_bytes_refused(release_files, trust_dir):
@@ -190,3 +260,39 @@ def test_deeply_nested_json_is_a_verification_error_not_a_crash():
 
     with pytest.raises(JSONFormatError, match="nested"):
         loads_strict(b"[" * 100_000)
+
+
+def test_kind_versions_are_bounded_everywhere(release_files, trust_dir, enclave, tmp_path):
+    """The issue's input: a validly signed release of version 2**62 would have become the
+    device's rollback floor for good. Versions are 0..2**31-1 in manifest, statement, policy
+    and device state; the signed 2**62 release is refused at the statement."""
+    import base64
+
+    from sealfl.attestation.manifest import MAX_VERSION, build_manifest
+    from sealfl.enclave.errors import ReleaseWriteError
+
+    assert MAX_VERSION == 2147483647
+    for bad in (2**31, 2**62, -1):
+        with pytest.raises(Exception) as info:
+            build_manifest({"m.onnx": b"x"}, "n", bad)
+        assert "version" in str(info.value)
+        with pytest.raises(ReleaseWriteError):
+            enclave.write_release(tmp_path / f"v{bad}", {"m.onnx": b"x"}, "n", bad)
+    envelope = json.loads(release_files["manifest.dsse.json"])
+    statement = json.loads(base64.b64decode(envelope["payload"]))
+    manifest = json.loads(release_files["manifest.json"])
+    statement["predicate"]["version"] = manifest["version"] = 2**62
+    payload = canonical_json(statement)
+    files = {**release_files, "manifest.json": canonical_json(manifest),
+             "manifest.dsse.json": json.dumps(sign_envelope(payload, PAYLOAD_TYPE, enclave._key)).encode(),
+             "attestation.json": canonical_json(build_attestation(
+                 enclave.tee.quote("release", hashlib.sha256(payload).digest(), [16])))}
+    err = _refused(files, load_trust_anchors(trust_dir), "manifest.dsse.json", "statement")
+    assert "'predicate.version'" in str(err) and "2147483647" in str(err)
+    statement["predicate"]["version"] = manifest["version"] = MAX_VERSION  # the bound itself is a version
+    payload = canonical_json(statement)
+    files = {**release_files, "manifest.json": canonical_json(manifest),
+             "manifest.dsse.json": json.dumps(sign_envelope(payload, PAYLOAD_TYPE, enclave._key)).encode(),
+             "attestation.json": canonical_json(build_attestation(
+                 enclave.tee.quote("release", hashlib.sha256(payload).digest(), [16])))}
+    assert verify_release(files, load_trust_anchors(trust_dir)).version == MAX_VERSION

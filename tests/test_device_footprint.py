@@ -1,5 +1,6 @@
-"""A device installs only onnxruntime, pycryptodome and numpy: the verify/boot path and
-the CLI must not import torch, TenSEAL or Flower."""
+"""A device installs only its extra (onnxruntime, onnx -- verification parses the model --,
+pycryptodome, numpy, the CLI and API libraries): the verify/boot path and the CLI must not
+import torch, TenSEAL, Flower or Ray, not even while verifying a release."""
 
 import subprocess
 import sys
@@ -17,6 +18,21 @@ def test_device_path_imports_no_training_stack():
     mods = _imported_after(
         "import sealfl.enclave.device, sealfl.enclave.verify_cli, sealfl.attestation.release, sealfl.platform.cli")
     assert "sealfl.enclave.device" in mods  # the probe did import the device path
+    assert not {m for m in mods if m.split(".")[0] in HEAVY}
+
+
+def test_verifying_a_release_imports_no_training_stack(tmp_path):
+    from conftest_release import MODEL_FILE, default_payload
+
+    from sealfl.enclave.release_enclave import ReleaseEnclave
+
+    enclave = ReleaseEnclave.create(tmp_path / "enclave")
+    trust = enclave.export_trust(tmp_path / "trust")
+    enclave.write_release(tmp_path / "release", default_payload(), "heart-mlp", 1, {"model_file": MODEL_FILE})
+    mods = _imported_after(
+        "from sealfl.enclave.verify_cli import verify_dir\n"
+        f"assert verify_dir({str(trust)!r}, {str(tmp_path / 'release')!r}).version == 1")
+    assert "onnx" in mods  # the model was parsed (the external-data check ran)
     assert not {m for m in mods if m.split(".")[0] in HEAVY}
 
 

@@ -3,6 +3,7 @@ without touching state.json; boot_last_good brings the last good release back.""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 
@@ -17,13 +18,14 @@ from conftest_release import (  # noqa: F401
     release_dir,
     sample_inputs,
     trust_dir,
+    write_signed_release,
 )
 
 from sealfl.attestation.quote import pcr_after, verify_quote
 from sealfl.enclave.device import boot, boot_last_good, read_device_state
 from sealfl.enclave.errors import BootError
 from sealfl.enclave.measure import measure_device_runtime
-from sealfl.enclave.verify_cli import describe, verify_dir
+from sealfl.enclave.verify_cli import verify_dir
 
 
 def _direct(model: bytes, x: np.ndarray) -> np.ndarray:
@@ -42,12 +44,15 @@ def test_good_release_boots_and_predicts(trust_dir, release_dir, tmp_path):
         assert pcrs[16].hex() == pcr_after([measure_device_runtime()])
         assert pcrs[23] == hashlib.sha256(b"\0" * 32 + bytes.fromhex(root)).digest()
         quote = device.attest(b"\x07" * 32)
-        verify_quote(quote, device.tee.ak_public_key(), b"\x07" * 32, {23: pcrs[23].hex()})
-    recorded = read_device_state(state)["last_good"]
-    slot_name = "slots/" + hashlib.sha256((release_dir / "manifest.dsse.json").read_bytes()).hexdigest()
-    slot = state / slot_name
-    assert recorded == {"name": "heart-mlp", "version": 3, "root_digest": root, "release_dir": slot_name,
-                        "source_dir": str(release_dir.resolve()), "model_file": MODEL_FILE}
+        verify_quote(quote, device.tee.ak_public_key(), "challenge", b"\x07" * 32, {23: pcrs[23].hex()})
+    recorded = read_device_state(state).last_good
+    statement = base64.b64decode(json.loads((release_dir / "manifest.dsse.json").read_bytes())["payload"])
+    assert (recorded.name, recorded.version, recorded.root_digest, recorded.source_dir, recorded.model_file) == (
+        "heart-mlp", 3, root, str(release_dir.resolve()), MODEL_FILE)
+    assert recorded.statement_digest == hashlib.sha256(statement).hexdigest()
+    assert recorded.slot.startswith("slots/v3-") and [p.name for p in (state / "slots").iterdir()] == [
+        recorded.slot.split("/")[1]]
+    slot = state / recorded.slot
     # the slot holds exactly the verified files, byte for byte
     assert sorted(p.name for p in slot.iterdir()) == sorted(p.name for p in release_dir.iterdir())
     for p in release_dir.iterdir():
@@ -90,17 +95,17 @@ def test_newer_release_updates_state_and_rollback_is_refused(trust_dir, release_
     v5 = tmp_path / "release-v5"
     enclave.write_release(v5, default_payload(), "heart-mlp", 5, {"model_file": MODEL_FILE})
     boot(trust_dir, v5, state).close()
-    assert read_device_state(state)["last_good"]["version"] == 5
+    assert read_device_state(state).last_good.version == 5
     with pytest.raises(BootError) as info:
         boot(trust_dir, release_dir, state)  # v3 after v5
     assert (info.value.file, info.value.check) == ("manifest.json", "rollback")
-    assert read_device_state(state)["last_good"]["version"] == 5
+    assert read_device_state(state).last_good.version == 5
 
 
 def test_boot_last_good_detects_replaced_directory(trust_dir, release_dir, enclave, tmp_path):
     state = tmp_path / "device"
     boot(trust_dir, release_dir, state).close()
-    slot = state / read_device_state(state)["last_good"]["release_dir"]
+    slot = state / read_device_state(state).last_good.slot
     # replace the slot's content with another validly signed release of the same version
     for child in slot.iterdir():
         child.unlink()
@@ -117,18 +122,34 @@ def test_boot_last_good_without_state(trust_dir, tmp_path):
     assert info.value.reason == "state"
 
 
-def test_unloadable_model_is_refused_without_recording(trust_dir, enclave, tmp_path):
+def test_kind_unloadable_model_is_refused_at_verification_without_recording(trust_dir, enclave, tmp_path):
+    bad = write_signed_release(enclave, tmp_path / "release-bad", {"model.onnx": b"this is not onnx"}, "heart-mlp", 9)
+    with pytest.raises(BootError) as info:
+        boot(trust_dir, bad, tmp_path / "device")
+    assert (info.value.reason, info.value.file, info.value.check) == ("verification", "model.onnx", "onnx")
+    assert read_device_state(tmp_path / "device").last_good is None
+
+
+def test_kind_model_onnxruntime_refuses_is_refused_without_recording(trust_dir, enclave, tmp_path):
+    # parses as ONNX (so verification passes) but names an operator onnxruntime does not have
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("NoSuchOp", ["x"], ["y"], domain="sealfl.nowhere")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("sealfl.nowhere", 1)])
     bad = tmp_path / "release-bad"
-    enclave.write_release(bad, {"model.onnx": b"this is not onnx"}, "heart-mlp", 9)  # validly signed
+    enclave.write_release(bad, {"model.onnx": model.SerializeToString()}, "heart-mlp", 9)
     with pytest.raises(BootError) as info:
         boot(trust_dir, bad, tmp_path / "device")
     assert info.value.reason == "runtime"
-    assert read_device_state(tmp_path / "device") is None
+    assert read_device_state(tmp_path / "device").last_good is None
 
 
 def test_verify_dir(trust_dir, release_dir):
     verified = verify_dir(trust_dir, release_dir)
-    assert "heart-mlp v3" in describe(verified) and "INSECURE" in describe(verified)
+    assert (verified.name, verified.version, verified.backend) == ("heart-mlp", 3, "sim")
     (release_dir / "extra.bin").write_bytes(b"x")
     with pytest.raises(Exception) as info:
         verify_dir(trust_dir, release_dir)
@@ -161,3 +182,17 @@ def test_same_version_with_other_content_is_refused(trust_dir, enclave, tmp_path
     with pytest.raises(BootError) as info:
         boot(trust_dir, tmp_path / "b", state)
     assert info.value.check == "rollback"
+
+
+def test_kind_implausible_version_jump_is_refused_by_policy(enclave, tmp_path):
+    trust = enclave.export_trust(tmp_path / "trust-step", max_version_step=10)
+    state = tmp_path / "device"
+    for v in (3, 13, 24):
+        enclave.write_release(tmp_path / f"r{v}", default_payload(), "heart-mlp", v, {"model_file": MODEL_FILE})
+    boot(trust, tmp_path / "r3", state).close()
+    boot(trust, tmp_path / "r13", state).close()  # +10: allowed
+    with pytest.raises(BootError) as info:
+        boot(trust, tmp_path / "r24", state)  # +11
+    assert (info.value.file, info.value.check) == ("manifest.json", "version")
+    assert "max_version_step" in str(info.value)
+    assert read_device_state(state).last_good.version == 13

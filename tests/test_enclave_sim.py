@@ -42,8 +42,8 @@ def test_warns_that_it_is_insecure(tmp_path, caplog):
 def test_quote_verifies_with_its_ak(tmp_path):
     tee = SimTEE.create(tmp_path / "tee")
     tee.extend(16, M1)
-    quote = tee.quote(b"\x01" * 32, [16, 23])
-    verify_quote(quote, tee.ak_public_key(), b"\x01" * 32,
+    quote = tee.quote("challenge", b"\x01" * 32, [16, 23])
+    verify_quote(quote, tee.ak_public_key(), "challenge", b"\x01" * 32,
                  {16: hashlib.sha256(b"\0" * 32 + M1).hexdigest(), 23: "00" * 32})
 
 

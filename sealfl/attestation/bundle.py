@@ -5,8 +5,14 @@ A release directory is flat and holds::
     <payload files>        e.g. model.int8.onnx, labels.json
     manifest.json          canonical-JSON manifest (see :mod:`.manifest`)
     manifest.dsse.json     DSSE envelope over the in-toto statement (see :mod:`.statement`)
-    attestation.json       {"schema": "sealfl.release-attestation/v1", "backend": str,
-                            "insecure": bool, "quote": <quote with nonce = root digest>}
+    attestation.json       {"schema": "sealfl.release-attestation/v2", "backend": str,
+                            "insecure": bool, "quote": <quote, purpose "release", over the
+                            SHA-256 of the signed statement>}
+
+The release attestation is bound to the signed statement (the DSSE payload), not only to
+the root digest: two versions with the same model bytes share a root digest but never a
+statement, so an attestation cannot be moved from one version to another. Version 1 of the
+attestation (nonce = root digest) is refused for that reason.
 
 :func:`assemble_release` returns ``{file name: bytes}`` for all of them; writing them to
 disk is the caller's job (see :meth:`sealfl.enclave.release_enclave.ReleaseEnclave.write_release`).
@@ -14,6 +20,7 @@ disk is the caller's job (see :meth:`sealfl.enclave.release_enclave.ReleaseEncla
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Mapping
 
@@ -22,8 +29,9 @@ from Crypto.PublicKey import ECC
 from .canonical import canonical_json, load_document
 from .dsse import sign_envelope
 from .errors import ManifestError, QuoteError
-from .manifest import build_manifest, manifest_bytes, validate_path
-from .quote import INSECURE_BACKENDS
+from .manifest import MANIFEST_FILE, build_manifest, manifest_bytes, validate_path
+from .quote import INSECURE_BACKENDS, KNOWN_BACKENDS
+from .schema import Fields
 from .statement import PAYLOAD_TYPE, build_statement, statement_bytes
 
 __all__ = [
@@ -38,11 +46,10 @@ __all__ = [
     "assemble_release",
 ]
 
-MANIFEST_FILE = "manifest.json"
 ENVELOPE_FILE = "manifest.dsse.json"
 ATTESTATION_FILE = "attestation.json"
 METADATA_FILES = (MANIFEST_FILE, ENVELOPE_FILE, ATTESTATION_FILE)
-ATTESTATION_SCHEMA = "sealfl.release-attestation/v1"
+ATTESTATION_SCHEMA = "sealfl.release-attestation/v2"
 
 
 def validate_payload_name(name: str) -> str:
@@ -74,15 +81,21 @@ def parse_attestation(data: bytes) -> dict:
     """Parse ``attestation.json`` bytes and return the quote dict inside (not yet verified).
 
     Raises:
-        QuoteError: not strict JSON, wrong schema, no quote object, or the informational
-            ``backend`` field disagrees with the signed quote's backend.
+        QuoteError: not strict JSON, wrong schema (v1 attestations are refused), a field of
+            the wrong type (``backend`` a known backend name, ``insecure`` a boolean that
+            matches it, ``quote`` an object), or ``backend`` disagrees with the signed
+            quote's backend. The message names the field.
     """
-    doc = load_document(data, "attestation", "schema", ATTESTATION_SCHEMA, QuoteError)
-    quote = doc.get("quote")
-    if not isinstance(quote, dict):
-        raise QuoteError("attestation has no 'quote' object")
-    if doc.get("backend") != quote.get("backend"):
-        raise QuoteError("attestation 'backend' disagrees with the signed quote's backend")
+    doc = load_document(data, ATTESTATION_FILE, "schema", ATTESTATION_SCHEMA, QuoteError)
+    fields = Fields(ATTESTATION_FILE, QuoteError)
+    backend = fields.get(doc, "backend", "choice", choices=KNOWN_BACKENDS)
+    insecure = fields.get(doc, "insecure", "boolean")
+    if insecure != (backend in INSECURE_BACKENDS):
+        raise fields.fail("insecure", f"is {insecure} but backend {backend!r} is "
+                          f"{'' if backend in INSECURE_BACKENDS else 'not '}an insecure simulation")
+    quote = fields.get(doc, "quote", "object")
+    if quote.get("backend") != backend:
+        raise fields.fail("backend", "disagrees with the signed quote's backend")
     return quote
 
 
@@ -99,11 +112,11 @@ def assemble_release(
     Args:
         payload: ``{file name: bytes}`` of the payload files (flat names).
         name: release name.
-        version: release version (int >= 0).
+        version: release version (int in ``0..2**31-1``).
         metadata: free JSON metadata for manifest and statement (e.g. ``{"model_file": ...}``).
         signing_key: ECDSA P-256 release private key (signs the DSSE envelope).
-        quote_fn: returns a TEE quote for a nonce; called once with
-            ``bytes.fromhex(root_digest)`` (32 bytes).
+        quote_fn: returns a TEE quote with purpose ``"release"`` over its argument; called
+            once with the SHA-256 of the signed statement bytes (32 bytes).
 
     Returns:
         ``{file name: bytes}`` of payload + ``manifest.json``, ``manifest.dsse.json``,
@@ -116,8 +129,9 @@ def assemble_release(
     for file_name in payload:
         validate_payload_name(file_name)
     manifest = build_manifest(payload, name, version, metadata)
-    envelope = sign_envelope(statement_bytes(build_statement(manifest)), PAYLOAD_TYPE, signing_key)
-    quote = quote_fn(bytes.fromhex(manifest["root_digest"]))
+    statement = statement_bytes(build_statement(manifest))
+    envelope = sign_envelope(statement, PAYLOAD_TYPE, signing_key)
+    quote = quote_fn(hashlib.sha256(statement).digest())
     if not isinstance(quote, dict):
         raise QuoteError("quote_fn must return a quote dict")
     files = dict(payload)

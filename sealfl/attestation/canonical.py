@@ -1,4 +1,4 @@
-"""Canonical JSON and strict JSON parsing for everything sealfl signs or verifies.
+"""Canonical JSON, strict JSON parsing and strict Base64 for everything sealfl signs or verifies.
 
 Our canonical form (used for quote signatures and for the bytes of every signed
 document we emit): ``json.dumps(obj, sort_keys=True, separators=(",", ":"),
@@ -10,19 +10,80 @@ verifiers never need to re-canonicalise a DSSE payload.
 Strict parsing rejects what lets two parsers disagree about a signed document:
 duplicate object keys, NaN/Infinity, invalid UTF-8, and a top-level value that is not an
 object.
+
+Strict Base64 (:func:`b64decode_strict`) gives every byte string exactly one text: the
+standard alphabet of RFC 4648 §4 only (no URL-safe ``-``/``_``, no whitespace or other
+characters), canonical padding (RFC 4648 §3.2: ``=`` padding present, §3.5: pad bits
+zero). A text is accepted only if re-encoding the decoded bytes gives the same text.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["canonical_json", "loads_strict", "load_document", "JSONFormatError"]
+from .errors import FormatError
+
+__all__ = ["canonical_json", "loads_strict", "load_document", "json_type", "b64decode_strict",
+           "JSONFormatError"]
+
+_B64_STANDARD = re.compile(r"\A(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?\Z")
 
 
-class JSONFormatError(ValueError):
+class JSONFormatError(FormatError):
     """Raised by :func:`loads_strict` when bytes are not one strict JSON object."""
+
+
+def json_type(value: Any) -> str:
+    """The JSON type name of a parsed value, for messages (``"object"``, ``"array"``,
+    ``"string"``, ``"integer"``, ``"number"``, ``"boolean"``, ``"null"``)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def b64decode_strict(text: Any, what: str) -> bytes:
+    """Decode standard, canonically padded Base64 (RFC 4648 §4, §3.2, §3.5); see module docstring.
+
+    Args:
+        text: the Base64 text (a ``str`` from a parsed JSON document).
+        what: names the field in messages, e.g. ``"manifest.dsse.json: field 'payload'"``.
+
+    Returns:
+        the decoded bytes (``b""`` for ``""``).
+
+    Raises:
+        FormatError: not a string, a character outside the standard alphabet (including
+            URL-safe ``-``/``_`` and whitespace), missing or extra padding, or non-zero pad bits.
+    """
+    if not isinstance(text, str):
+        raise FormatError(f"{what} must be a Base64 string, got {json_type(text)}")
+    if not _B64_STANDARD.match(text):
+        raise FormatError(f"{what} is not standard Base64 with canonical '=' padding (RFC 4648 §4); "
+                          "URL-safe characters, whitespace and missing padding are refused")
+    try:
+        data = base64.b64decode(text.encode("ascii"), validate=True)
+    except (binascii.Error, ValueError) as exc:  # unreachable after the pattern; kept as a guard
+        raise FormatError(f"{what} is not valid Base64: {exc}") from exc
+    if base64.b64encode(data).decode("ascii") != text:
+        raise FormatError(f"{what} is not canonical Base64: its pad bits are not zero (RFC 4648 §3.5)")
+    return data
 
 
 def canonical_json(obj: Any) -> bytes:

@@ -10,14 +10,17 @@ no leading zeros, ``type`` is UTF-8. The envelope JSON is::
     {"payloadType": str, "payload": Base64(body),
      "signatures": [{"keyid": str, "sig": Base64(DER ECDSA P-256/SHA-256 over PAE)}]}
 
-Base64 is standard (RFC 4648 §4) on output; on input standard or URL-safe, with or
-without padding, as the spec allows.
+Base64 is standard (RFC 4648 §4) with canonical padding, on output *and* on input: the
+DSSE spec lets verifiers accept URL-safe or unpadded text too, but then one signed byte
+string has many texts (and lenient decoders drop stray characters), so sealfl accepts only
+the one text its signer writes (:func:`sealfl.attestation.canonical.b64decode_strict`).
+Every field is type-checked before use; an envelope holds at most
+:data:`MAX_SIGNATURES` signatures.
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -25,11 +28,17 @@ from typing import Any
 from Crypto.PublicKey import ECC
 
 from . import keys as _keys
-from .errors import SignatureError
+from .canonical import b64decode_strict
+from .errors import FormatError, SignatureError
+from .schema import Fields
 
-__all__ = ["pae", "sign_envelope", "verify_envelope", "b64decode_lenient"]
+__all__ = ["MAX_SIGNATURES", "pae", "sign_envelope", "verify_envelope"]
 
 log = logging.getLogger(__name__)
+
+#: Most signatures one envelope may carry (each costs an ECDSA verification per pinned key).
+MAX_SIGNATURES = 16
+_WHAT = "DSSE envelope"
 
 
 def pae(payload_type: str, payload: bytes) -> bytes:
@@ -44,23 +53,6 @@ def pae(payload_type: str, payload: bytes) -> bytes:
     """
     type_bytes = payload_type.encode("utf-8")
     return b"DSSEv1 %d %s %d %s" % (len(type_bytes), type_bytes, len(payload), bytes(payload))
-
-
-def b64decode_lenient(text: Any) -> bytes:
-    """Decode standard or URL-safe Base64, with or without padding (DSSE envelope.md).
-
-    Raises:
-        SignatureError: not a string or not valid Base64.
-    """
-    if not isinstance(text, str):
-        raise SignatureError(f"expected a Base64 string, got {type(text).__name__}")
-    padded = text + "=" * (-len(text) % 4)
-    try:
-        if "-" in text or "_" in text:
-            return base64.urlsafe_b64decode(padded.encode("ascii"))
-        return base64.b64decode(padded.encode("ascii"), validate=True)
-    except (binascii.Error, ValueError, UnicodeEncodeError) as exc:
-        raise SignatureError(f"invalid Base64 in DSSE envelope: {exc}") from exc
 
 
 def sign_envelope(payload: bytes, payload_type: str, private_key: ECC.EccKey) -> dict:
@@ -110,36 +102,39 @@ def verify_envelope(
         SignatureError: malformed envelope, wrong payloadType, no trusted keys, or no
             signature by a trusted key.
     """
-    if not isinstance(envelope, dict):
-        raise SignatureError("DSSE envelope must be a JSON object")
-    payload_type = envelope.get("payloadType")
-    if not isinstance(payload_type, str) or not payload_type:
-        raise SignatureError("DSSE envelope has no string 'payloadType'")
+    fields = Fields(_WHAT, SignatureError)
+    fields.object(envelope, "")
+    payload_type = fields.get(envelope, "payloadType", "string")
     if expected_payload_type is not None and payload_type != expected_payload_type:
-        raise SignatureError(
-            f"DSSE payloadType is {payload_type!r}, expected {expected_payload_type!r}"
-        )
-    payload = b64decode_lenient(envelope.get("payload"))
-    signatures = envelope.get("signatures")
-    if not isinstance(signatures, list) or not signatures:
-        raise SignatureError("DSSE envelope has no signatures")
+        raise fields.fail("payloadType", f"is {payload_type!r:.80}, expected {expected_payload_type!r}")
+    payload = _b64(envelope, "payload", "", fields)
+    signatures = fields.get(envelope, "signatures", "array", nonempty=True, max_len=MAX_SIGNATURES)
+    entries = []
+    for i, entry in enumerate(signatures):
+        at = fields.join("signatures", i)
+        fields.object(entry, at)
+        entries.append((fields.get(entry, "keyid", "string", at, default="", nonempty=False),
+                        _b64(entry, "sig", at, fields)))
     if not trusted_public_keys:
         raise SignatureError("no trusted public keys given; pin the release public key")
     trusted = {_keys.keyid(k): k for k in trusted_public_keys}
     message = pae(payload_type, payload)
-    for entry in signatures:
-        if not isinstance(entry, dict):
-            raise SignatureError("DSSE signature entry must be an object")
-        kid = entry.get("keyid", "")
-        if not isinstance(kid, str):
-            raise SignatureError("DSSE signature keyid must be a string")
-        sig = b64decode_lenient(entry.get("sig"))
+    for kid, sig in entries:
         candidates = [trusted[kid]] if kid in trusted else ([] if kid else list(trusted.values()))
         for key in candidates:
             if _keys.verify(key, message, sig):
                 return payload
-    kids = [e.get("keyid") for e in signatures if isinstance(e, dict)]
+    kids = [kid for kid, _ in entries]
     raise SignatureError(
         f"no DSSE signature verifies with a trusted key (envelope keyids {kids}, "
         f"trusted keyids {sorted(trusted)})"
     )
+
+
+def _b64(parent: dict, key: str, at: str, fields: Fields) -> bytes:
+    path = fields.join(at, key)
+    try:
+        return b64decode_strict(fields.get(parent, key, "string", at, nonempty=False, max_len=1 << 30),
+                                f"{_WHAT}: field {path!r}")
+    except FormatError as exc:
+        raise SignatureError(str(exc)) from exc

@@ -20,9 +20,9 @@ __all__ = [
     "StatementError",
     "QuoteError",
     "PolicyError",
-    "HashMismatchError",
-    "RollbackError",
+    "FormatError",
     "TrustAnchorError",
+    "DeviceStateError",
     "VerificationError",
     "CanaryError",
     "CHECKS",
@@ -61,31 +61,37 @@ class PolicyError(AttestationError):
     """A well-formed, authentic quote does not satisfy the policy (PCR values, backend)."""
 
 
-class HashMismatchError(AttestationError):
-    """A file's size or SHA-256 differs from what the manifest says."""
-
-
-class RollbackError(AttestationError):
-    """A release is older than the minimum version or than the last version the device ran."""
+class FormatError(AttestationError, ValueError):
+    """Bytes are not in the one encoding sealfl accepts for them (strict JSON, canonical
+    Base64) or a document field has the wrong JSON type or range. Also a ``ValueError`` so
+    callers that parse generically can catch it; the message names the file and field."""
 
 
 class TrustAnchorError(AttestationError):
     """The trust directory (pinned keys + policy.json) is missing, malformed or inconsistent."""
 
 
+class DeviceStateError(AttestationError):
+    """The device's ``state.json`` (its rollback floor and last good release) is malformed."""
+
+
 #: Short names used in :attr:`VerificationError.check`, with what to do when they fail.
 CHECKS: dict[str, str] = {
     "read": "check that the release directory exists and is readable",
     "file-type": "a release directory holds only regular files; remove symlinks, subdirectories and special files",
-    "size": "the file exceeds the size cap; raise max_file_bytes only if the release is legitimately that large",
+    "size": ("the file exceeds the size cap; raise the cap in VerifyConfig only if the release is "
+             "legitimately that large"),
     "missing-file": "re-download or re-copy the complete release directory",
     "extra-file": "remove files that are not listed in manifest.json; only signed files may sit in a release directory",
     "signature": "the release was not signed by a pinned release key; check you have the right trust directory and release",
     "statement": "the signed in-toto statement is malformed; rebuild the release with the release enclave",
     "manifest": "manifest.json does not match the signed statement or is malformed; re-download the release",
     "hash": "the file's bytes differ from the signed manifest (corruption or tampering); re-download the release",
+    "onnx": ("the model is not a self-contained ONNX file (it is unparsable or a tensor points at external "
+             "data); rebuild the release with every tensor embedded in the model file"),
     "attestation": "the release attestation does not prove that the pinned release enclave produced this release",
-    "version": "the release version is below the minimum version pinned in policy.json",
+    "version": ("the release version is below the minimum version pinned in policy.json, or jumps further "
+                "above the device's last version than policy.json's max_version_step allows"),
     "rollback": ("the release is older than, or differs at the same version from, the last release this "
                  "device ran; publish a newer version"),
 }
@@ -101,14 +107,17 @@ class VerificationError(AttestationError):
             (``"hash"``, ``"manifest"``, ``"signature"``, ``"attestation"``, ``"missing-file"``,
             ``"extra-file"``, ``"version"``, ``"rollback"``, ...).
         detail: human-readable explanation of what differed.
+        files: every file that failed this check (``tuple[str, ...]``, ``file`` first), e.g.
+            all unlisted files of a release directory, not only the first.
 
     ``str(err)`` names the file, the check, the detail and what to do.
     """
 
-    def __init__(self, file: str, check: str, detail: str) -> None:
+    def __init__(self, file: str, check: str, detail: str, files: tuple[str, ...] = ()) -> None:
         self.file = file
         self.check = check
         self.detail = detail
+        self.files = (file,) + tuple(f for f in files if f != file)
         hint = CHECKS.get(check, "")
         msg = f"release file {file!r} failed check {check!r}: {detail}"
         if hint:
@@ -116,7 +125,7 @@ class VerificationError(AttestationError):
         super().__init__(msg)
 
     def __reduce__(self):  # keep pickling (e.g. across processes) working with the custom __init__
-        return (type(self), (self.file, self.check, self.detail))
+        return (type(self), (self.file, self.check, self.detail, self.files))
 
 
 class CanaryError(AttestationError):

@@ -2,9 +2,9 @@
 
 A manifest (schema ``sealfl.manifest/v1``) is a JSON object::
 
-    {"schema": "sealfl.manifest/v1", "name": str, "version": int >= 0,
+    {"schema": "sealfl.manifest/v1", "name": str, "version": int in 0..2**31-1,
      "files": [{"path": str, "size": int (bytes), "sha256": hex}, ...],   # sorted by path
-     "root_digest": hex, "metadata": {...}}
+     "root_digest": hex, "metadata": {...}}   # free, except "model_file": a payload path
 
 **Root digest (our definition).** ``SHA-256( concat over paths p in ascending
 code-point order of  utf8(p) || 0x00 || sha256(file p) (32 raw bytes) )``, lowercase hex.
@@ -17,15 +17,18 @@ refused early.
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from .canonical import JSONFormatError, canonical_json, loads_strict
 from .errors import ManifestError
+from .schema import MAX_VERSION, Fields, is_sha256_hex
 
 __all__ = [
     "SCHEMA",
+    "MANIFEST_FILE",
+    "MAX_NAME_LENGTH",
+    "MAX_VERSION",
     "canonical_json",
     "validate_path",
     "root_digest",
@@ -34,29 +37,31 @@ __all__ = [
     "manifest_bytes",
     "is_sha256_hex",
     "check_file_entries",
+    "check_name_version",
+    "check_metadata",
 ]
 
 SCHEMA = "sealfl.manifest/v1"
-_HEX64 = re.compile(r"\A[0-9a-f]{64}\Z")
-
-
-def is_sha256_hex(value: Any) -> bool:
-    """True iff ``value`` is a ``str`` of exactly 64 lowercase hex digits."""
-    return isinstance(value, str) and _HEX64.match(value) is not None
+MANIFEST_FILE = "manifest.json"
+#: Longest release name, in characters.
+MAX_NAME_LENGTH = 256
+_MAX_PATH_LENGTH = 255
 
 
 def validate_path(path: Any) -> str:
     """Check one manifest path and return it.
 
-    A valid path is a non-empty ``str`` of relative POSIX form: no absolute path
-    (leading ``/``), no backslash, no NUL or other control character, no ``..``, ``.`` or
-    empty segment.
+    A valid path is a non-empty ``str`` of relative POSIX form of at most 255 characters:
+    no absolute path (leading ``/``), no backslash, no NUL or other control character, no
+    ``..``, ``.`` or empty segment.
 
     Raises:
         ManifestError: the path is invalid (the message names it).
     """
     if not isinstance(path, str) or not path:
-        raise ManifestError(f"manifest path must be a non-empty string, got {path!r}")
+        raise ManifestError(f"manifest path must be a non-empty string, got {path!r:.80}")
+    if len(path) > _MAX_PATH_LENGTH:
+        raise ManifestError(f"manifest path {path[:40]!r}... is longer than {_MAX_PATH_LENGTH} characters")
     if path.startswith("/"):
         raise ManifestError(f"manifest path {path!r} is absolute; use a path relative to the release dir")
     if "\\" in path:
@@ -91,11 +96,33 @@ def root_digest(digests: Mapping[str, str]) -> str:
     return h.hexdigest()
 
 
-def _check_name_version(name: Any, version: Any) -> None:
-    if not isinstance(name, str) or not name:
-        raise ManifestError(f"release name must be a non-empty string, got {name!r}")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
-        raise ManifestError(f"release version must be an integer >= 0, got {version!r}")
+def check_name_version(name: Any, version: Any, fields: Fields | None = None, at: str = "") -> None:
+    """Check a release name (non-empty str of at most :data:`MAX_NAME_LENGTH` characters) and
+    version (int in ``0..MAX_VERSION``).
+
+    Raises:
+        ManifestError (or ``fields``' error): either is invalid; the message names the field.
+    """
+    fields = fields or Fields("release", ManifestError)
+    fields.string(name, fields.join(at, "name"), max_len=MAX_NAME_LENGTH)
+    fields.integer(version, fields.join(at, "version"), lo=0, hi=MAX_VERSION)
+
+
+def check_metadata(metadata: Any, paths: set[str], fields: Fields, at: str = "metadata") -> dict:
+    """Check signed free metadata: a JSON object whose only constrained field is
+    ``model_file`` (optional; a string naming one of the payload ``paths``).
+
+    Raises:
+        the error of ``fields``: metadata is not an object, or ``model_file`` is not a string
+            naming a payload file.
+    """
+    meta = fields.object(metadata, at)
+    if "model_file" in meta:
+        model = fields.string(meta["model_file"], fields.join(at, "model_file"))
+        if model not in paths:
+            raise fields.fail(fields.join(at, "model_file"),
+                              f"names {model!r}, which is not a payload file of the release")
+    return meta
 
 
 def build_manifest(
@@ -106,8 +133,9 @@ def build_manifest(
     Args:
         files: ``{path: file bytes}`` of every payload file (not the metadata files).
         name: release name, e.g. ``"heart-mlp"``.
-        version: release version, integer >= 0 (monotonic; devices refuse older ones).
-        metadata: free JSON-serialisable metadata (e.g. ``{"model_file": "model.int8.onnx"}``).
+        version: release version, integer in ``0..2**31-1`` (monotonic; devices refuse older ones).
+        metadata: free JSON-serialisable metadata (e.g. ``{"model_file": "model.int8.onnx"}``);
+            ``model_file``, if present, must name one of ``files``.
 
     Returns:
         the manifest ``dict`` (schema ``sealfl.manifest/v1``), files sorted by path.
@@ -116,7 +144,7 @@ def build_manifest(
         ManifestError: no files, invalid path, invalid name/version, or metadata that is not
             a JSON object serialisable to canonical JSON.
     """
-    _check_name_version(name, version)
+    check_name_version(name, version)
     if not files:
         raise ManifestError("a release needs at least one payload file")
     entries = []
@@ -130,8 +158,7 @@ def build_manifest(
         digests[path] = digest
         entries.append({"path": path, "size": len(data), "sha256": digest})
     meta = {} if metadata is None else metadata
-    if not isinstance(meta, dict):
-        raise ManifestError(f"metadata must be a dict, got {type(meta).__name__}")
+    check_metadata(meta, set(digests), Fields("metadata", ManifestError), at="")
     try:
         canonical_json(meta)
     except (TypeError, ValueError) as exc:
@@ -151,29 +178,32 @@ def manifest_bytes(manifest: dict) -> bytes:
     return canonical_json(manifest) + b"\n"
 
 
-def check_file_entries(entries: Any) -> list[dict]:
+def check_file_entries(entries: Any, fields: Fields | None = None, at: str = "files") -> list[dict]:
     """Validate a manifest/predicate ``files`` list and return it.
 
     Each entry must be exactly ``{"path", "size", "sha256"}`` with a valid path, an int
-    size >= 0 and a 64-hex digest; paths must be unique and sorted ascending.
+    size in ``0..2**63-1`` and a 64-hex digest; paths must be unique and sorted ascending.
 
     Raises:
-        ManifestError: on the first violation.
+        ManifestError (or ``fields``' error): on the first violation, naming the field.
     """
-    if not isinstance(entries, list) or not entries:
-        raise ManifestError("'files' must be a non-empty list")
+    fields = fields or Fields(MANIFEST_FILE, ManifestError)
+    fields.array(entries, at, nonempty=True)
     previous = None
-    for entry in entries:
-        if not isinstance(entry, dict) or set(entry) != {"path", "size", "sha256"}:
-            raise ManifestError(f"file entry must have exactly path/size/sha256, got {entry!r}")
-        path = validate_path(entry["path"])
-        size = entry["size"]
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise ManifestError(f"size of {path!r} must be an integer >= 0, got {size!r}")
-        if not is_sha256_hex(entry["sha256"]):
-            raise ManifestError(f"sha256 of {path!r} is not 64 lowercase hex digits")
+    for i, entry in enumerate(entries):
+        here = fields.join(at, i)
+        fields.object(entry, here)
+        fields.only(entry, ("path", "size", "sha256"), here)
+        path = fields.get(entry, "path", "string", here, max_len=_MAX_PATH_LENGTH)
+        try:
+            validate_path(path)
+        except ManifestError as exc:
+            raise fields.fail(fields.join(here, "path"), str(exc)) from exc
+        fields.get(entry, "size", "integer", here, lo=0, hi=2**63 - 1)
+        fields.get(entry, "sha256", "hex64", here)
         if previous is not None and path <= previous:
-            raise ManifestError(f"file entries must be sorted by path and unique ({previous!r} then {path!r})")
+            raise fields.fail(fields.join(here, "path"),
+                              f"entries must be sorted by path and unique ({previous!r} then {path!r})")
         previous = path
     return entries
 
@@ -181,29 +211,31 @@ def check_file_entries(entries: Any) -> list[dict]:
 def parse_manifest(data: bytes) -> dict:
     """Parse and validate ``manifest.json`` bytes; return the manifest dict.
 
-    Checks schema, exact key set, name/version types, the file list (see
-    :func:`check_file_entries`) and that ``root_digest`` equals the root digest recomputed
-    from the listed digests.
+    Checks schema, exact key set, the type and range of every field (name, version in
+    ``0..2**31-1``, the file list -- see :func:`check_file_entries` --, metadata and its
+    ``model_file``) and that ``root_digest`` equals the root digest recomputed from the
+    listed digests.
 
     Raises:
-        ManifestError: on any violation (message says which).
+        ManifestError: on any violation (the message names the field).
     """
     try:
         obj = loads_strict(data)
     except JSONFormatError as exc:
-        raise ManifestError(f"manifest is not strict JSON: {exc}") from exc
-    expected_keys = {"schema", "name", "version", "files", "root_digest", "metadata"}
-    if set(obj) != expected_keys:
-        raise ManifestError(f"manifest keys must be {sorted(expected_keys)}, got {sorted(obj)}")
+        raise ManifestError(f"{MANIFEST_FILE} is not strict JSON: {exc}") from exc
+    fields = Fields(MANIFEST_FILE, ManifestError)
+    expected_keys = ("schema", "name", "version", "files", "root_digest", "metadata")
+    for key in expected_keys:
+        if key not in obj:
+            raise fields.fail(key, "is missing")
+    fields.only(obj, expected_keys)
     if obj["schema"] != SCHEMA:
-        raise ManifestError(f"manifest schema must be {SCHEMA!r}, got {obj['schema']!r}")
-    _check_name_version(obj["name"], obj["version"])
-    if not isinstance(obj["metadata"], dict):
-        raise ManifestError("manifest metadata must be an object")
-    entries = check_file_entries(obj["files"])
+        raise fields.fail("schema", f"must be {SCHEMA!r}, got {obj['schema']!r:.80}")
+    check_name_version(obj["name"], obj["version"], fields)
+    entries = check_file_entries(obj["files"], fields)
+    check_metadata(obj["metadata"], {e["path"] for e in entries}, fields)
+    fields.get(obj, "root_digest", "hex64")
     recomputed = root_digest({e["path"]: e["sha256"] for e in entries})
     if obj["root_digest"] != recomputed:
-        raise ManifestError(
-            f"manifest root_digest {obj['root_digest']!r} != recomputed {recomputed!r}"
-        )
+        raise fields.fail("root_digest", f"is {obj['root_digest']!r}, but the listed digests give {recomputed!r}")
     return obj

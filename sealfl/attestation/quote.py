@@ -8,22 +8,38 @@ PCR arithmetic follows TPM 2.0 Library Part 1 (Architecture):
 * §18.5 (Quote) ``pcrDigest``: ``H(PCR[i1] || PCR[i2] || ...)`` over the selected PCR
   values concatenated in ascending index order.
 
+**Purpose.** A quote says what it is for, inside what is signed. The caller's data is
+never quoted as is: the qualifying data (TPM 2.0 Part 1 §18.5 / Part 3 TPM2_Quote
+``qualifyingData``, the quote's ``nonce`` field here) is::
+
+    SHA-256( label(purpose) || 0x00 || data )
+
+with one label per purpose (:data:`PURPOSE_LABELS`): ``"release"`` (a release attestation;
+``data`` = SHA-256 of the signed in-toto statement) and ``"challenge"`` (a fresh quote for a
+remote verifier; ``data`` = the verifier's nonce). Labels contain no NUL byte, so
+``label || 0x00`` is prefix-free and no challenge nonce can produce a release
+attestation's qualifying data (short of a SHA-256 collision). The purpose is also a signed
+field of the quote, so a verifier sees it without guessing; on a TPM, where only
+``qualifyingData`` is signed, the label inside it carries the same meaning.
+
 A quote, as produced by every :class:`sealfl.enclave.tee.TEE` backend, is a JSON object::
 
     {"backend": "sim" | "tpm", "pcr_bank": "sha256",
      "pcrs": {"<index>": hex, ...},          # decimal-string keys, values 32-byte hex
      "pcr_digest": hex,                      # §18.5 pcrDigest over "pcrs"
-     "nonce": hex,                           # caller's qualifying data, 1..64 bytes
+     "purpose": "release" | "challenge",
+     "nonce": hex,                           # qualifying data (32 bytes, see above)
      "signature": base64(DER ECDSA P-256/SHA-256 by the attestation key (AK)
                          over canonical_json(quote without "signature"))}
 
-Backends may add further fields; they are covered by the signature.
+Backends may add further fields; they are covered by the signature. Every field above is
+type-checked before use (:mod:`sealfl.attestation.schema`) and the signature is strict
+Base64.
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import hmac
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -32,8 +48,9 @@ from typing import Any
 from Crypto.PublicKey import ECC
 
 from . import keys as _keys
-from .canonical import canonical_json
-from .errors import PolicyError, QuoteError
+from .canonical import b64decode_strict, canonical_json
+from .errors import FormatError, PolicyError, QuoteError
+from .schema import Fields
 
 __all__ = [
     "PCR_BANK",
@@ -42,9 +59,15 @@ __all__ = [
     "ZERO_PCR",
     "KNOWN_BACKENDS",
     "INSECURE_BACKENDS",
+    "RELEASE_PURPOSE",
+    "CHALLENGE_PURPOSE",
+    "PURPOSE_LABELS",
+    "MAX_DATA",
     "extend",
     "pcr_after",
     "pcr_digest",
+    "parse_pcr_map",
+    "qualifying_data",
     "quote_message",
     "make_quote",
     "verify_quote",
@@ -57,7 +80,16 @@ ZERO_PCR = b"\0" * DIGEST_SIZE
 KNOWN_BACKENDS = frozenset({"sim", "tpm"})
 #: Backends whose quotes prove nothing about hardware; accepted only when policy says so.
 INSECURE_BACKENDS = frozenset({"sim"})
-_MAX_NONCE = 64
+RELEASE_PURPOSE = "release"
+CHALLENGE_PURPOSE = "challenge"
+#: Domain-separation label of each purpose (hashed into the qualifying data).
+PURPOSE_LABELS: dict[str, bytes] = {
+    RELEASE_PURPOSE: b"sealfl.release-attestation/v1",
+    CHALLENGE_PURPOSE: b"sealfl.challenge/v1",
+}
+#: Longest caller data (nonce) a quote accepts, in bytes.
+MAX_DATA = 64
+_WHAT = "quote"
 
 
 def _as_digest(value: bytes | str, what: str) -> bytes:
@@ -116,6 +148,24 @@ def pcr_digest(pcrs: Mapping[int, bytes | str]) -> str:
     return h.hexdigest()
 
 
+def qualifying_data(purpose: str, data: bytes) -> bytes:
+    """The qualifying data a quote carries: ``SHA-256(label(purpose) || 0x00 || data)`` (32 bytes).
+
+    Args:
+        purpose: a key of :data:`PURPOSE_LABELS` (``"release"`` or ``"challenge"``).
+        data: the caller's data, 1..:data:`MAX_DATA` bytes.
+
+    Raises:
+        QuoteError: unknown purpose, or ``data`` not bytes of 1..64 bytes.
+    """
+    label = PURPOSE_LABELS.get(purpose) if isinstance(purpose, str) else None
+    if label is None:
+        raise QuoteError(f"unknown quote purpose {purpose!r}; known: {sorted(PURPOSE_LABELS)}")
+    if not isinstance(data, (bytes, bytearray)) or not 1 <= len(data) <= MAX_DATA:
+        raise QuoteError(f"quote data (nonce) must be 1..{MAX_DATA} bytes")
+    return hashlib.sha256(label + b"\0" + bytes(data)).digest()
+
+
 def quote_message(quote: Mapping[str, Any]) -> bytes:
     """Bytes the AK signs: canonical JSON of ``quote`` without its ``"signature"`` field."""
     return canonical_json({k: v for k, v in quote.items() if k != "signature"})
@@ -124,7 +174,8 @@ def quote_message(quote: Mapping[str, Any]) -> bytes:
 def make_quote(
     backend: str,
     pcr_values: Mapping[int, bytes],
-    nonce: bytes,
+    purpose: str,
+    data: bytes,
     sign: Callable[[bytes], bytes],
 ) -> dict:
     """Assemble and sign a quote dict (used by TEE backends).
@@ -132,19 +183,20 @@ def make_quote(
     Args:
         backend: backend name (``"sim"``, ``"tpm"``).
         pcr_values: ``{index: 32-byte value}`` of the selected PCRs.
-        nonce: qualifying data, 1..64 bytes.
+        purpose: ``"release"`` or ``"challenge"`` (see module docstring).
+        data: the caller's data, 1..64 bytes; the quote carries
+            :func:`qualifying_data` of it, not the data itself.
         sign: callable returning a DER ECDSA signature by the AK over its argument.
 
     Returns:
         the quote dict (format in the module docstring).
 
     Raises:
-        QuoteError: bad backend, index, value or nonce length.
+        QuoteError: bad backend, purpose, index, value or data length.
     """
     if backend not in KNOWN_BACKENDS:
         raise QuoteError(f"unknown TEE backend {backend!r}; known: {sorted(KNOWN_BACKENDS)}")
-    if not isinstance(nonce, (bytes, bytearray)) or not 1 <= len(nonce) <= _MAX_NONCE:
-        raise QuoteError(f"nonce must be 1..{_MAX_NONCE} bytes")
+    nonce = qualifying_data(purpose, data)
     if not pcr_values:
         raise QuoteError("a quote needs at least one PCR")
     values = {_check_index(i): _as_digest(v, f"PCR {i}") for i, v in pcr_values.items()}
@@ -153,86 +205,102 @@ def make_quote(
         "pcr_bank": PCR_BANK,
         "pcrs": {str(i): values[i].hex() for i in sorted(values)},
         "pcr_digest": pcr_digest(values),
-        "nonce": bytes(nonce).hex(),
+        "purpose": purpose,
+        "nonce": nonce.hex(),
     }
     body["signature"] = base64.b64encode(sign(quote_message(body))).decode("ascii")
     return body
 
 
-def _parse_pcrs(raw: Any) -> dict[int, str]:
-    if not isinstance(raw, dict) or not raw:
-        raise QuoteError("quote 'pcrs' must be a non-empty object")
+def parse_pcr_map(raw: Any, fields: Fields, at: str) -> dict[int, str]:
+    """Check a JSON object ``{"<index>": 64 lowercase hex}`` (non-empty) and return it with
+    int keys. An index is a decimal string without leading zeros, ``"0"``..``"23"``.
+
+    Raises:
+        the error of ``fields``: not a non-empty object, a key that is not such an index, or
+            a value that is not 64 lowercase hex digits; the message names the field.
+    """
+    fields.object(raw, at, nonempty=True)
     out: dict[int, str] = {}
     for key, value in raw.items():
-        if not isinstance(key, str) or not key.isdigit() or str(int(key)) != key:
-            raise QuoteError(f"quote PCR key must be a decimal index string, got {key!r}")
-        index = _check_index(int(key))
-        out[index] = _as_digest(value, f"PCR {index}").hex()
-        if out[index] != value:
-            raise QuoteError(f"PCR {index} value must be lowercase hex")
+        path = fields.join(at, key)
+        if not (key.isascii() and key.isdigit() and len(key) <= 2 and str(int(key)) == key
+                and int(key) < NUM_PCRS):
+            raise fields.fail(path, f"is not a PCR index 0..{NUM_PCRS - 1} written in decimal")
+        out[int(key)] = fields.hex64(value, path)
     return out
 
 
 def verify_quote(
     quote: Any,
     ak_public_key: ECC.EccKey,
-    expected_nonce: bytes,
+    purpose: str,
+    data: bytes,
     expected_pcrs: Mapping[int, str],
     *,
     allowed_backends: Collection[str] | None = None,
 ) -> None:
-    """Verify a quote against a pinned AK, a nonce and expected PCR values. Pure; no I/O.
+    """Verify a quote against a pinned AK, its purpose and data, and expected PCR values.
+    Pure; no I/O.
 
-    Checks, in order: structure and types; the AK signature over
-    :func:`quote_message`; ``pcr_bank == "sha256"``; ``pcr_digest`` recomputed from
-    ``pcrs`` (§18.5); ``nonce == expected_nonce``; backend in ``allowed_backends`` (if
+    Checks, in order: the type of every field; the AK signature over
+    :func:`quote_message`; known backend; ``pcr_bank == "sha256"``; ``pcr_digest``
+    recomputed from ``pcrs`` (§18.5); ``purpose`` equal to ``purpose`` and ``nonce`` equal
+    to :func:`qualifying_data` ``(purpose, data)``; backend in ``allowed_backends`` (if
     given); every ``expected_pcrs[i]`` present in the quote and equal.
 
     Args:
         quote: the parsed quote dict.
         ak_public_key: pinned attestation-key public key (ECDSA P-256).
-        expected_nonce: the qualifying data the quote must carry (bytes).
+        purpose: what the quote must be for (``"release"`` or ``"challenge"``).
+        data: the data the quote must be over (a release's statement digest, 32 bytes, or
+            the verifier's challenge nonce, 1..64 bytes).
         expected_pcrs: ``{index: lowercase hex}`` the quoted PCRs must equal (a subset of
             the quoted PCRs; quoted PCRs not listed here are ignored).
         allowed_backends: backends the policy accepts; ``None`` = any known backend.
 
     Raises:
-        QuoteError: malformed quote, bad signature, wrong bank, pcr_digest or nonce.
+        QuoteError: malformed quote (naming the field), bad signature, wrong bank,
+            pcr_digest, purpose or nonce.
         PolicyError: backend not allowed, or a PCR missing/different from expected.
     """
-    if not isinstance(quote, dict):
-        raise QuoteError("quote must be a JSON object")
-    for key in ("backend", "pcr_bank", "pcrs", "pcr_digest", "nonce", "signature"):
-        if key not in quote:
-            raise QuoteError(f"quote has no {key!r} field")
-    sig_text = quote["signature"]
+    expected_nonce = qualifying_data(purpose, data)
+    fields = Fields(_WHAT, QuoteError)
+    fields.object(quote, "")
+    backend = fields.get(quote, "backend", "string", max_len=64)
+    bank = fields.get(quote, "pcr_bank", "string", max_len=64)
+    pcrs = parse_pcr_map(fields.get(quote, "pcrs", "object"), fields, "pcrs")
+    claimed_digest = fields.get(quote, "pcr_digest", "hex64")
+    claimed_purpose = fields.get(quote, "purpose", "string", max_len=64)
+    nonce = fields.get(quote, "nonce", "string", max_len=2 * MAX_DATA)
     try:
-        signature = base64.b64decode(str(sig_text).encode("ascii"), validate=True)
-    except (binascii.Error, ValueError, UnicodeEncodeError) as exc:
-        raise QuoteError(f"quote signature is not Base64: {exc}") from exc
-    try:
+        signature = b64decode_strict(fields.get(quote, "signature", "string", max_len=1024),
+                                     f"{_WHAT}: field 'signature'")
         message = quote_message(quote)
-    except (TypeError, ValueError) as exc:
+    except FormatError as exc:
+        raise QuoteError(str(exc)) from exc
+    except (TypeError, ValueError) as exc:  # unreachable for parsed JSON; a guard for callers' dicts
         raise QuoteError(f"quote is not serialisable to canonical JSON: {exc}") from exc
     if not _keys.verify(ak_public_key, message, signature):
         raise QuoteError(
             "quote signature does not verify with the pinned attestation key "
             f"(keyid {_keys.keyid(ak_public_key)}); the quote comes from another TEE or was modified"
         )
-    backend = quote["backend"]
     if backend not in KNOWN_BACKENDS:
-        raise QuoteError(f"unknown TEE backend {backend!r}")
-    if quote["pcr_bank"] != PCR_BANK:
-        raise QuoteError(f"quote PCR bank is {quote['pcr_bank']!r}; only {PCR_BANK!r} is supported")
-    pcrs = _parse_pcrs(quote["pcrs"])
-    if not hmac.compare_digest(str(quote["pcr_digest"]), pcr_digest(pcrs)):
+        raise fields.fail("backend", f"names unknown TEE backend {backend!r}")
+    if bank != PCR_BANK:
+        raise fields.fail("pcr_bank", f"is {bank!r}; only {PCR_BANK!r} is supported")
+    if not hmac.compare_digest(claimed_digest, pcr_digest(pcrs)):
         raise QuoteError("quote pcr_digest does not match its PCR values")
-    if not isinstance(quote["nonce"], str) or not hmac.compare_digest(
-        quote["nonce"], bytes(expected_nonce).hex()
-    ):
+    if claimed_purpose != purpose:
         raise QuoteError(
-            f"quote nonce {quote['nonce']!r} != expected {bytes(expected_nonce).hex()!r}; "
-            "the quote is stale or was made for another request"
+            f"quote purpose is {claimed_purpose!r:.80}, expected {purpose!r}: a quote made for one purpose "
+            "(e.g. a challenge) never counts as another (e.g. a release attestation)"
+        )
+    if not hmac.compare_digest(nonce, expected_nonce.hex()):
+        raise QuoteError(
+            f"quote nonce {nonce!r} != expected {expected_nonce.hex()!r} (SHA-256 of the {purpose} label "
+            "and the data); the quote is stale or was made for another request or release"
         )
     if allowed_backends is not None and backend not in allowed_backends:
         raise PolicyError(f"TEE backend {backend!r} is not allowed by policy (allowed: {sorted(allowed_backends)})")

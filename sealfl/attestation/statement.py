@@ -14,12 +14,13 @@ It travels as the payload of a DSSE envelope with payloadType
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
-from typing import Any
 
 from .canonical import canonical_json, load_document
-from .errors import ManifestError, StatementError
-from .manifest import check_file_entries, is_sha256_hex
+from .errors import StatementError
+from .manifest import check_file_entries, check_metadata, check_name_version, root_digest
+from .schema import Fields
 
 __all__ = [
     "STATEMENT_TYPE",
@@ -34,6 +35,7 @@ __all__ = [
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://sealfl.dev/release/v1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
+_WHAT = "in-toto statement"
 
 
 @dataclass(frozen=True)
@@ -42,8 +44,10 @@ class ReleaseStatement:
 
     Attributes:
         name: release name (subject name and predicate name agree).
-        version: release version (int >= 0).
+        version: release version (int in ``0..2**31-1``).
         root_digest: subject ``sha256`` digest, lowercase hex (the manifest root digest).
+        statement_digest: SHA-256 of the exact statement bytes (the DSSE payload), lowercase
+            hex: one value per signed release, even when two versions share their files.
         files: predicate file list ``[{"path", "size", "sha256"}]`` sorted by path.
         metadata: predicate free metadata.
     """
@@ -51,6 +55,7 @@ class ReleaseStatement:
     name: str
     version: int
     root_digest: str
+    statement_digest: str
     files: list[dict] = field(repr=False)
     metadata: dict = field(repr=False)
 
@@ -78,6 +83,9 @@ def statement_bytes(statement: dict) -> bytes:
 def parse_statement(payload: bytes) -> ReleaseStatement:
     """Parse and validate a DSSE payload as a sealfl release statement.
 
+    Every field is type-checked before use (see :mod:`sealfl.attestation.schema`); unknown
+    top-level fields are ignored, as in-toto Statement v1 asks of consumers.
+
     Args:
         payload: the verified DSSE payload bytes.
 
@@ -86,40 +94,42 @@ def parse_statement(payload: bytes) -> ReleaseStatement:
 
     Raises:
         StatementError: not strict JSON, wrong ``_type``/``predicateType``, not exactly one
-            subject with a sha256 digest, predicate name/version/files/metadata malformed,
-            or subject and predicate names disagree.
+            subject with a sha256 digest, a predicate field (name, version in
+            ``0..2**31-1``, files, metadata) missing or of the wrong type, subject and
+            predicate names disagree, or the subject digest is not the root digest of the
+            predicate's files. The message names the field.
     """
-    obj = load_document(payload, "statement", "_type", STATEMENT_TYPE, StatementError)
+    obj = load_document(payload, _WHAT, "_type", STATEMENT_TYPE, StatementError)
+    fields = Fields(_WHAT, StatementError)
     if obj.get("predicateType") != PREDICATE_TYPE:
-        raise StatementError(
-            f"predicateType must be {PREDICATE_TYPE!r}, got {obj.get('predicateType')!r}"
-        )
-    subject = obj.get("subject")
-    if not isinstance(subject, list) or len(subject) != 1 or not isinstance(subject[0], dict):
-        raise StatementError("statement must have exactly one subject")
-    digest: Any = subject[0].get("digest")
-    if not isinstance(digest, dict) or not is_sha256_hex(digest.get("sha256")):
-        raise StatementError("statement subject needs a 64-hex 'sha256' digest")
-    predicate = obj.get("predicate")
-    if not isinstance(predicate, dict) or set(predicate) != {"name", "version", "files", "metadata"}:
-        raise StatementError("predicate must have exactly name/version/files/metadata")
-    name, version = predicate["name"], predicate["version"]
-    if not isinstance(name, str) or not name or subject[0].get("name") != name:
-        raise StatementError(
-            f"subject name {subject[0].get('name')!r} and predicate name {name!r} must be equal and non-empty"
-        )
-    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
-        raise StatementError(f"predicate version must be an integer >= 0, got {version!r}")
-    if not isinstance(predicate["metadata"], dict):
-        raise StatementError("predicate metadata must be an object")
-    try:
-        files = check_file_entries(predicate["files"])
-    except ManifestError as exc:
-        raise StatementError(f"predicate file list: {exc}") from exc
+        raise fields.fail("predicateType", f"must be {PREDICATE_TYPE!r}, got {obj.get('predicateType')!r:.80}")
+    subjects = fields.get(obj, "subject", "array", nonempty=True)
+    if len(subjects) != 1:
+        raise fields.fail("subject", f"must hold exactly one subject, got {len(subjects)}")
+    subject = fields.object(subjects[0], "subject[0]")
+    subject_name = fields.get(subject, "name", "string", "subject[0]")
+    digest = fields.get(subject, "digest", "object", "subject[0]", nonempty=True)
+    for algorithm, value in digest.items():  # in-toto ResourceDescriptor: algorithm -> hex string
+        fields.string(value, fields.join("subject[0].digest", algorithm))
+    root = fields.get(digest, "sha256", "hex64", "subject[0].digest")
+    predicate = fields.get(obj, "predicate", "object")
+    for key in ("name", "version", "files", "metadata"):
+        if key not in predicate:
+            raise fields.fail(fields.join("predicate", key), "is missing")
+    fields.only(predicate, ("name", "version", "files", "metadata"), "predicate")
+    check_name_version(predicate["name"], predicate["version"], fields, "predicate")
+    if subject_name != predicate["name"]:
+        raise fields.fail("predicate.name", f"{predicate['name']!r} differs from the subject name {subject_name!r}")
+    files = check_file_entries(predicate["files"], fields, "predicate.files")
+    metadata = check_metadata(predicate["metadata"], {e["path"] for e in files}, fields, "predicate.metadata")
+    recomputed = root_digest({e["path"]: e["sha256"] for e in files})
+    if root != recomputed:
+        raise fields.fail("subject[0].digest.sha256", f"is {root}, but the predicate's files give {recomputed}")
     return ReleaseStatement(
-        name=name,
-        version=version,
-        root_digest=digest["sha256"],
+        name=predicate["name"],
+        version=predicate["version"],
+        root_digest=root,
+        statement_digest=hashlib.sha256(bytes(payload)).hexdigest(),
         files=files,
-        metadata=predicate["metadata"],
+        metadata=metadata,
     )

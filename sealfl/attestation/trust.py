@@ -7,10 +7,20 @@ Trust directory layout (all public, never a private key)::
     policy.json           {"schema": "sealfl.trust-policy/v1",
                            "expected_pcrs": {"16": hex, ...},   # release-enclave measurement
                            "allowed_backends": ["sim", "tpm", ...],
-                           "allow_insecure_sim": bool,         # sim quotes prove nothing
-                           "min_version": int,
-                           "release_keyids": [hex, ...],       # must match release_key.pub.pem
-                           "ak_keyid": hex}                    # must match enclave_ak.pub.pem
+                           "allow_insecure_sim": bool,         # optional (false); sim quotes prove nothing
+                           "min_version": int,                 # optional (0); 0..2**31-1
+                           "max_version_step": int,            # optional (1000); 1..2**31-1
+                           "release_keyids": [hex, ...],       # optional; must match release_key.pub.pem
+                           "ak_keyid": hex}                    # optional; must match enclave_ak.pub.pem
+
+Every field is type-checked (a wrong type names ``policy.json`` and the field). Unknown
+fields are refused rather than ignored: a policy field can only ever restrict what a device
+accepts, so a reader that silently skipped one written by a newer tool would accept more
+than its owner meant.
+
+``max_version_step`` bounds how far a release's version may jump above the last version the
+device ran: a validly signed release numbered 2**31-1 would otherwise become the device's
+rollback floor for good and lock out every later release.
 
 :func:`parse_trust_anchors` is the pure core; :func:`load_trust_anchors` and
 :func:`write_trust_anchors` are the I/O wrappers.
@@ -30,11 +40,12 @@ from Crypto.PublicKey import ECC
 from . import keys as _keys
 from .canonical import canonical_json, load_document
 from .errors import KeyFormatError, TrustAnchorError
-from .manifest import is_sha256_hex
-from .quote import INSECURE_BACKENDS, KNOWN_BACKENDS, NUM_PCRS
+from .quote import INSECURE_BACKENDS, KNOWN_BACKENDS, parse_pcr_map
+from .schema import MAX_VERSION, Fields
 
 __all__ = [
     "POLICY_SCHEMA",
+    "DEFAULT_MAX_VERSION_STEP",
     "RELEASE_KEY_FILE",
     "AK_FILE",
     "POLICY_FILE",
@@ -51,6 +62,11 @@ POLICY_SCHEMA = "sealfl.trust-policy/v1"
 RELEASE_KEY_FILE = "release_key.pub.pem"
 AK_FILE = "enclave_ak.pub.pem"
 POLICY_FILE = "policy.json"
+#: Default of policy.json's ``max_version_step``: a release may be at most this many
+#: versions above the last one the device ran.
+DEFAULT_MAX_VERSION_STEP = 1000
+_POLICY_FIELDS = ("schema", "expected_pcrs", "allowed_backends", "allow_insecure_sim", "min_version",
+                  "max_version_step", "release_keyids", "ak_keyid")
 
 
 @dataclass(frozen=True)
@@ -65,7 +81,9 @@ class TrustAnchors:
         allowed_backends: TEE backends whose quotes are accepted (``frozenset`` of str).
         allow_insecure_sim: accept quotes from the INSECURE ``sim`` backend; a ``sim``
             quote is refused unless this is True *and* ``"sim"`` is in allowed_backends.
-        min_version: lowest release version accepted (int >= 0).
+        min_version: lowest release version accepted (int in ``0..2**31-1``).
+        max_version_step: largest jump of a release's version above the last version the
+            device ran (int in ``1..2**31-1``).
     """
 
     release_public_keys: tuple[ECC.EccKey, ...]
@@ -74,6 +92,7 @@ class TrustAnchors:
     allowed_backends: frozenset[str] = frozenset({"tpm"})
     allow_insecure_sim: bool = False
     min_version: int = 0
+    max_version_step: int = DEFAULT_MAX_VERSION_STEP
 
     def accepted_backends(self) -> frozenset[str]:
         """Backends a quote may come from after applying ``allow_insecure_sim``."""
@@ -83,14 +102,15 @@ class TrustAnchors:
 
 
 def _policy_error(msg: str) -> TrustAnchorError:
-    return TrustAnchorError(f"{POLICY_FILE}: {msg}; re-export the trust anchors from the release enclave")
+    return TrustAnchorError(f"{msg}; re-export the trust anchors from the release enclave")
 
 
 def parse_trust_anchors(release_key_pem: bytes, ak_pem: bytes, policy_json: bytes) -> TrustAnchors:
     """Build :class:`TrustAnchors` from the three trust files' bytes. Pure; no I/O.
 
     Raises:
-        TrustAnchorError: a key file is unreadable, or policy.json is malformed, names
+        TrustAnchorError: a key file is unreadable, or policy.json is malformed (a field
+            missing, unknown or of the wrong type or range -- the message names it), names
             unknown backends or invalid PCRs, or its keyids disagree with the key files.
     """
     try:
@@ -101,32 +121,25 @@ def parse_trust_anchors(release_key_pem: bytes, ak_pem: bytes, policy_json: byte
         ak = _keys.load_public_key(ak_pem)
     except KeyFormatError as exc:
         raise TrustAnchorError(f"trust anchor {AK_FILE}: {exc}; re-export the trust anchors") from exc
-    policy = load_document(policy_json, "policy", "schema", POLICY_SCHEMA, _policy_error)
-    raw_pcrs = policy.get("expected_pcrs")
-    if not isinstance(raw_pcrs, dict) or not raw_pcrs:
-        raise _policy_error("'expected_pcrs' must be a non-empty object")
-    expected: dict[int, str] = {}
-    for key, value in raw_pcrs.items():
-        if not (isinstance(key, str) and key.isdigit() and 0 <= int(key) < NUM_PCRS):
-            raise _policy_error(f"PCR index {key!r} is not 0..{NUM_PCRS - 1}")
-        if not is_sha256_hex(value):
-            raise _policy_error(f"PCR {key} value is not 64 lowercase hex digits")
-        expected[int(key)] = value
-    backends = policy.get("allowed_backends")
-    if not isinstance(backends, list) or not backends or not set(backends) <= KNOWN_BACKENDS:
-        raise _policy_error(f"'allowed_backends' must be a non-empty subset of {sorted(KNOWN_BACKENDS)}")
-    insecure = policy.get("allow_insecure_sim", False)
-    min_version = policy.get("min_version", 0)
-    if not isinstance(insecure, bool):
-        raise _policy_error("'allow_insecure_sim' must be true or false")
-    if not isinstance(min_version, int) or isinstance(min_version, bool) or min_version < 0:
-        raise _policy_error("'min_version' must be an integer >= 0")
+    policy = load_document(policy_json, POLICY_FILE, "schema", POLICY_SCHEMA, _policy_error)
+    fields = Fields(POLICY_FILE, _policy_error)
+    fields.only(policy, _POLICY_FIELDS)
+    expected = parse_pcr_map(fields.get(policy, "expected_pcrs", "object"), fields, "expected_pcrs")
+    backends = fields.get(policy, "allowed_backends", "array", nonempty=True, max_len=len(KNOWN_BACKENDS) * 4)
+    for i, backend in enumerate(backends):
+        fields.choice(backend, fields.join("allowed_backends", i), choices=KNOWN_BACKENDS)
+    insecure = fields.get(policy, "allow_insecure_sim", "boolean", default=False)
+    min_version = fields.get(policy, "min_version", "integer", default=0, lo=0, hi=MAX_VERSION)
+    step = fields.get(policy, "max_version_step", "integer", default=DEFAULT_MAX_VERSION_STEP, lo=1, hi=MAX_VERSION)
     if "release_keyids" in policy:
+        listed = fields.get(policy, "release_keyids", "array", nonempty=True, max_len=64)
+        for i, kid in enumerate(listed):
+            fields.hex64(kid, fields.join("release_keyids", i))
         pinned = {_keys.keyid(k) for k in release_keys}
-        if set(policy["release_keyids"]) != pinned:
-            raise _policy_error(f"release_keyids {policy['release_keyids']} do not match {RELEASE_KEY_FILE}")
-    if "ak_keyid" in policy and policy["ak_keyid"] != _keys.keyid(ak):
-        raise _policy_error(f"ak_keyid does not match {AK_FILE}")
+        if set(listed) != pinned:
+            raise fields.fail("release_keyids", f"{sorted(listed)} do not match the keys in {RELEASE_KEY_FILE}")
+    if "ak_keyid" in policy and fields.get(policy, "ak_keyid", "hex64") != _keys.keyid(ak):
+        raise fields.fail("ak_keyid", f"does not match {AK_FILE}")
     return TrustAnchors(
         release_public_keys=release_keys,
         ak_public_key=ak,
@@ -134,6 +147,7 @@ def parse_trust_anchors(release_key_pem: bytes, ak_pem: bytes, policy_json: byte
         allowed_backends=frozenset(backends),
         allow_insecure_sim=insecure,
         min_version=min_version,
+        max_version_step=step,
     )
 
 
@@ -145,6 +159,7 @@ def trust_anchor_files(
     allowed_backends: Iterable[str] = ("tpm",),
     allow_insecure_sim: bool = False,
     min_version: int = 0,
+    max_version_step: int = DEFAULT_MAX_VERSION_STEP,
 ) -> dict[str, bytes]:
     """Serialise trust anchors to ``{file name: bytes}`` (pure). Output round-trips through
     :func:`parse_trust_anchors` (which is called here as a self-check).
@@ -161,13 +176,18 @@ def trust_anchor_files(
         "allowed_backends": sorted(set(allowed_backends)),
         "allow_insecure_sim": bool(allow_insecure_sim),
         "min_version": min_version,
+        "max_version_step": max_version_step,
         "release_keyids": sorted(_keys.keyid(k) for k in release_keys),
         "ak_keyid": _keys.keyid(ak_public_key),
     }
+    try:
+        policy_bytes = canonical_json(policy) + b"\n"
+    except (TypeError, ValueError) as exc:
+        raise TrustAnchorError(f"trust anchor values are not JSON-serialisable: {exc}") from exc
     files = {
         RELEASE_KEY_FILE: b"".join(_keys.public_key_to_pem(k) for k in release_keys),
         AK_FILE: _keys.public_key_to_pem(ak_public_key),
-        POLICY_FILE: canonical_json(policy) + b"\n",
+        POLICY_FILE: policy_bytes,
     }
     parse_trust_anchors(files[RELEASE_KEY_FILE], files[AK_FILE], files[POLICY_FILE])
     return files

@@ -1,60 +1,56 @@
-"""Device boot: measure, read once, verify, extend, sandbox, health-check, record.
+"""Device boot: measure, read bounded by what was signed, verify, extend, sandbox, record.
 
-:func:`boot` is the I/O shell around the pure :func:`sealfl.attestation.release.verify_release`:
+:func:`boot` is the I/O shell around the pure verification of :mod:`sealfl.attestation`:
 
 1. load the pinned trust anchors from ``trust_dir``;
-2. open (or provision) the device TEE in ``state_dir/tee`` -- PCRs reset, i.e. a reboot;
-3. extend :func:`~sealfl.enclave.measure.measure_device_runtime` into PCR 16;
-4. read the release directory once (:func:`~sealfl.attestation.release.read_release_dir`);
-5. verify it, with ``last_version`` from ``state_dir/state.json`` (rollback protection);
-6. extend the verified root digest into PCR 23;
-7. start :class:`~sealfl.enclave.runtime.SandboxedRuntime` with the verified bytes of the
+2. read the device's trusted state (``state_dir/state.json``: its rollback floor and last
+   good release; :class:`~sealfl.attestation.device_state.DeviceState`);
+3. open (or provision) the device TEE in ``state_dir/tee`` -- PCRs reset, i.e. a reboot --
+   and extend :func:`~sealfl.enclave.measure.measure_device_runtime` into PCR 16;
+4. read and verify the release directory with
+   :func:`~sealfl.attestation.reader.load_release`: the signed documents first under tight
+   caps, then each listed file no further than its signed size + 1 byte; an unlisted file is
+   never opened; versions are checked against the device state and the policy;
+5. extend the verified root digest into PCR 23;
+6. start :class:`~sealfl.enclave.runtime.SandboxedRuntime` with the verified bytes of the
    model file (``metadata["model_file"]``, else the single ``.onnx`` payload file);
-8. health check (ping + one inference on zeros when the first input is float), then the
+7. health check (ping + one inference on zeros when the first input is float), then the
    release's signed canary (:mod:`sealfl.enclave.acceptance`): batch and row-by-row
    answers must match the canary's expected outputs within its tolerance;
-9. keep a private copy of the verified bytes in ``state_dir/slots/<envelope digest>`` and
-   record ``state.json`` atomically: ``{"schema": "sealfl.device-state/v1",
-   "last_good": {"name", "version", "root_digest", "release_dir" (the slot, relative to
-   the state dir),
-   "source_dir", "model_file"}}``; older slots are removed.
+8. record the release crash-consistently (:func:`sealfl.enclave.slots.commit`): a private
+   copy of the verified bytes in a new ``state_dir/slots/<name>``, then ``state.json``
+   (:meth:`DeviceState.accept`), then removal of older slots.
 
-Any failure raises :class:`BootError` and leaves ``state.json`` untouched, so
-:func:`boot_last_good` can bring the last good release back up.
+Any failure raises :class:`BootError`; ``state.json`` then still names a complete, verifiable
+slot (or is absent on a fresh device), so :func:`boot_last_good` can bring the last good
+release back up.
 """
 
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import logging
 import os
-import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from sealfl.attestation.canonical import JSONFormatError, canonical_json, loads_strict
-from sealfl.attestation.errors import TrustAnchorError, VerificationError
-from sealfl.attestation.bundle import ENVELOPE_FILE
-from sealfl.attestation.release import (
-    DEFAULT_MAX_FILE_BYTES,
-    VerifiedRelease,
-    load_trust_anchors,
-    read_release_dir,
-    verify_release,
-)
-
-from sealfl.attestation.errors import CanaryError
+from sealfl.attestation.config import DEFAULT_CONFIG, VerifyConfig
+from sealfl.attestation.device_state import STATE_FILE, STATE_SCHEMA, DeviceState, LastGood
+from sealfl.attestation.errors import CanaryError, DeviceStateError, TrustAnchorError, VerificationError
+from sealfl.attestation.quote import CHALLENGE_PURPOSE
+from sealfl.attestation.reader import load_release
+from sealfl.attestation.trust import load_trust_anchors
+from sealfl.attestation.verify import VerifiedRelease
+from sealfl.common.fsutil import ensure_private_dir
 
 from . import measure as _measure
+from . import slots as _slots
 from .acceptance import input_spec_of, run_canary
-from .inputs import check_rows
-from sealfl.common.fsutil import atomic_write, ensure_private_dir
 from .errors import BootError, EnclaveError, InputSpecError, RuntimeSandboxError
+from .inputs import check_rows
 from .runtime import SandboxedRuntime
 from .tee import TEE, create_tee, load_tee
 
@@ -62,9 +58,6 @@ __all__ = ["STATE_FILE", "STATE_SCHEMA", "BootedDevice", "select_model_file", "r
            "boot", "boot_last_good"]
 
 log = logging.getLogger(__name__)
-
-STATE_FILE = "state.json"
-STATE_SCHEMA = "sealfl.device-state/v1"
 
 _NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(double)": np.float64,
                 "tensor(int64)": np.int64, "tensor(int32)": np.int32}
@@ -106,8 +99,14 @@ class BootedDevice:
         return self.runtime.run({self.runtime.input_names[0]: arr})[0]
 
     def attest(self, nonce: bytes) -> dict:
-        """Quote over PCRs 16 (runtime code) and 23 (release root digest) carrying ``nonce``."""
-        return self.tee.quote(nonce, [_measure.DEVICE_RUNTIME_PCR, _measure.DEVICE_RELEASE_PCR])
+        """A challenge quote (purpose ``"challenge"``) over PCRs 16 (runtime code) and 23
+        (release root digest) for a verifier's ``nonce`` (1..64 bytes). Verify it with
+        ``verify_quote(quote, ak, "challenge", nonce, ...)``.
+
+        Raises:
+            TEEError: ``nonce`` is not 1..64 bytes.
+        """
+        return self.tee.quote(CHALLENGE_PURPOSE, nonce, [_measure.DEVICE_RUNTIME_PCR, _measure.DEVICE_RELEASE_PCR])
 
     def close(self) -> None:
         """Stop the sandboxed runtime."""
@@ -121,17 +120,15 @@ class BootedDevice:
 
 
 def select_model_file(release: VerifiedRelease) -> str:
-    """Name of the ONNX payload to run: ``metadata["model_file"]`` or the single ``.onnx`` file.
+    """Name of the ONNX payload to run: ``metadata["model_file"]`` (verification guarantees
+    it names a payload file) or the single ``.onnx`` file.
 
     Raises:
-        BootError: (reason ``"model"``) the named file is not in the payload, or there is not
-            exactly one ``.onnx`` file and no ``model_file`` metadata.
+        BootError: (reason ``"model"``) there is no ``model_file`` metadata and not exactly
+            one ``.onnx`` payload file.
     """
     named = release.metadata.get("model_file")
-    if named is not None:
-        if named not in release.payload:
-            raise BootError(f"metadata model_file {named!r} is not a payload file of the release",
-                            reason="model")
+    if isinstance(named, str) and named in release.payload:
         return named
     onnx_files = sorted(p for p in release.payload if p.endswith(".onnx"))
     if len(onnx_files) != 1:
@@ -140,28 +137,18 @@ def select_model_file(release: VerifiedRelease) -> str:
     return onnx_files[0]
 
 
-def read_device_state(state_dir: str | os.PathLike) -> dict | None:
-    """Return the parsed ``state.json`` of ``state_dir``, or None if there is none.
+def read_device_state(state_dir: str | os.PathLike) -> DeviceState:
+    """Return the device's trusted state from ``state_dir/state.json`` (a fresh
+    :class:`DeviceState` -- ``last_good`` None -- if there is none).
 
     Raises:
-        BootError: (reason ``"state"``) the file exists but is unreadable or malformed.
+        BootError: (reason ``"state"``) the file exists but is unreadable or malformed; the
+            message names the file and the field.
     """
-    path = Path(state_dir) / STATE_FILE
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise BootError(f"cannot read {path}: {exc}", reason="state") from exc
-    try:
-        state = loads_strict(data)
-        last = state["last_good"]
-        if state.get("schema") != STATE_SCHEMA or not isinstance(last.get("version"), int):
-            raise ValueError("wrong schema or version")
-    except (JSONFormatError, KeyError, AttributeError, ValueError) as exc:
-        raise BootError(f"{path} is malformed ({exc}); refusing to boot without rollback state",
-                        reason="state") from exc
-    return state
+        return _slots.read_state(Path(state_dir))
+    except DeviceStateError as exc:
+        raise BootError(str(exc), reason="state") from exc
 
 
 def _open_tee(tee_dir: Path, backend: str) -> TEE:
@@ -182,36 +169,16 @@ def _health_check(runtime: SandboxedRuntime) -> None:
             raise RuntimeSandboxError(f"output {name!r} is not finite on an all-zero input")
 
 
-SLOTS_DIR = "slots"
+def _record(state_root: Path, state: DeviceState, release: VerifiedRelease, source: Path,
+            model_file: str) -> DeviceState:
+    """Step 8 of the module docstring (crash-consistent; see :mod:`sealfl.enclave.slots`)."""
+    def transition(slot: str) -> DeviceState:
+        return state.accept(name=release.name, version=release.version, root_digest=release.root_digest,
+                            statement_digest=release.statement_digest, slot=slot, source_dir=str(source),
+                            model_file=model_file)
 
-
-def _store_slot(state_root: Path, files: Mapping[str, bytes]) -> str:
-    """Keep a private copy of a verified release (the exact bytes that were verified) in
-    ``state_root/slots/<SHA-256 of its signed DSSE envelope>`` -- unique per signed release,
-    unlike the root digest, which two versions of the same model share -- written to a temp
-    dir and renamed into place, so the last good release survives changes to the directory
-    it was installed from. Returns the slot path relative to ``state_root``."""
-    slots = ensure_private_dir(state_root / SLOTS_DIR)
-    name = hashlib.sha256(files[ENVELOPE_FILE]).hexdigest()
-    slot = slots / name
-    tmp = Path(tempfile.mkdtemp(prefix=".slot-", dir=slots))
-    try:
-        for fname, data in files.items():
-            atomic_write(tmp / fname, data, 0o600)
-        if slot.exists():  # rewrite: the old copy may have been altered on disk
-            shutil.rmtree(slot)
-        os.rename(tmp, slot)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return f"{SLOTS_DIR}/{name}"
-
-
-def _prune_slots(state_root: Path, keep: str) -> None:
-    """Remove every slot but ``keep`` (relative path of the new last good release)."""
-    for p in (state_root / SLOTS_DIR).iterdir():
-        if p != state_root / keep and p.is_dir():
-            shutil.rmtree(p, ignore_errors=True)
+    label = f"v{release.version}-{release.statement_digest[:16]}"
+    return _slots.commit(state_root, release.files(), label, transition)
 
 
 def _boot(trust_dir, release_dir, state_dir, **kw) -> BootedDevice:
@@ -223,15 +190,28 @@ def _boot(trust_dir, release_dir, state_dir, **kw) -> BootedDevice:
         return _boot_locked(trust_dir, release_dir, state_root, **kw)
 
 
-def _boot_locked(trust_dir, release_dir, state_root: Path, *, backend: str, record: bool, expect_root: str | None,
-                 runtime_options: Mapping[str, Any] | None, max_file_bytes: int) -> BootedDevice:
+def _same_release(release: VerifiedRelease, last: LastGood) -> bool:
+    if last.statement_digest is not None:
+        return release.statement_digest == last.statement_digest
+    return release.root_digest == last.root_digest
+
+
+def _boot_locked(trust_dir, release_dir, state_root: Path, *, backend: str,
+                 runtime_options: Mapping[str, Any] | None, config: VerifyConfig) -> BootedDevice:
+    """Boot ``release_dir`` and record it; ``release_dir=None`` boots the recorded last good
+    release from its slot without recording anything."""
     try:
         trust = load_trust_anchors(trust_dir)
     except TrustAnchorError as exc:
         raise BootError(f"cannot load trust anchors: {exc}", reason="trust") from exc
     state = read_device_state(state_root)
-    last_version = state["last_good"]["version"] if state else None
-    last_root = state["last_good"].get("root_digest") if state else None
+    record, expect = release_dir is not None, None
+    if release_dir is None:
+        expect = state.last_good
+        if expect is None:
+            raise BootError(f"no last good release recorded in {state_root / STATE_FILE}; boot a release first",
+                            reason="state")
+        release_dir = _slots.slot_path(state_root, expect.slot)
     try:
         tee = _open_tee(state_root / "tee", backend)
         tee.extend(_measure.DEVICE_RUNTIME_PCR, _measure.measure_device_runtime())
@@ -239,14 +219,13 @@ def _boot_locked(trust_dir, release_dir, state_root: Path, *, backend: str, reco
         raise BootError(f"cannot open the device TEE or measure the runtime: {exc}", reason="tee") from exc
     release_path = Path(release_dir).resolve()
     try:
-        files = read_release_dir(release_path, max_file_bytes=max_file_bytes)
-        release = verify_release(files, trust, last_version=last_version, last_root_digest=last_root)
+        release = load_release(release_path, trust, state=state, config=config)
     except VerificationError as exc:
         raise BootError(f"release in {release_path} refused: {exc}", reason="verification",
                         file=exc.file, check=exc.check) from exc
-    if expect_root is not None and release.root_digest != expect_root:
-        raise BootError(f"release in {release_path} has root digest {release.root_digest}, but the recorded "
-                        f"last good release has {expect_root}; the directory was replaced",
+    if expect is not None and not _same_release(release, expect):
+        raise BootError(f"release in {release_path} (root digest {release.root_digest}) is not the recorded "
+                        f"last good release (root digest {expect.root_digest}); the directory was replaced",
                         reason="verification", file=str(release_path), check="root-digest")
     tee.extend(_measure.DEVICE_RELEASE_PCR, bytes.fromhex(release.root_digest))
     model_file = select_model_file(release)
@@ -268,13 +247,8 @@ def _boot_locked(trust_dir, release_dir, state_root: Path, *, backend: str, reco
                         reason="canary") from exc
     if record:
         try:
-            slot = _store_slot(state_root, files)
-            new_state = {"schema": STATE_SCHEMA, "last_good": {
-                "name": release.name, "version": release.version, "root_digest": release.root_digest,
-                "release_dir": slot, "source_dir": str(release_path), "model_file": model_file}}
-            atomic_write(state_root / STATE_FILE, canonical_json(new_state) + b"\n", 0o600)
-            _prune_slots(state_root, keep=slot)
-        except OSError as exc:
+            _record(state_root, state, release, release_path, model_file)
+        except (OSError, DeviceStateError) as exc:
             runtime.close()
             raise BootError(f"cannot record {STATE_FILE}: {exc}", reason="state") from exc
     log.info("device booted %s v%d (%s) from %s", release.name, release.version, release.root_digest,
@@ -284,49 +258,41 @@ def _boot_locked(trust_dir, release_dir, state_root: Path, *, backend: str, reco
 
 def boot(trust_dir: str | os.PathLike, release_dir: str | os.PathLike, state_dir: str | os.PathLike, *,
          backend: str = "sim", runtime_options: Mapping[str, Any] | None = None,
-         max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> BootedDevice:
+         config: VerifyConfig = DEFAULT_CONFIG) -> BootedDevice:
     """Boot the release in ``release_dir`` (steps in the module docstring).
 
     Args:
         trust_dir: pinned trust directory (see :mod:`sealfl.attestation.trust`).
         release_dir: release directory to verify and run.
-        state_dir: device state (``tee/``, ``state.json``); created with mode 0700.
+        state_dir: device state (``tee/``, ``state.json``, ``slots/``); created with mode 0700.
         backend: device TEE backend (``"sim"``).
         runtime_options: keyword arguments for :class:`SandboxedRuntime` (e.g. ``timeout_s``).
-        max_file_bytes: per-file read cap in bytes.
+        config: read caps (:class:`~sealfl.attestation.config.VerifyConfig`).
 
     Returns:
         a :class:`BootedDevice` (close it when done).
 
     Raises:
         BootError: ``reason`` is ``"trust"``, ``"state"``, ``"tee"``, ``"verification"``
-            (with ``.file``/``.check`` of the failed check), ``"model"``, ``"runtime"`` or
-            ``"health-check"``; ``state.json`` is unchanged in every case.
+            (with ``.file``/``.check`` of the failed check), ``"model"``, ``"runtime"``,
+            ``"health-check"`` or ``"canary"``; ``state.json`` still names a complete,
+            verifiable slot.
     """
-    return _boot(trust_dir, release_dir, state_dir, backend=backend, record=True, expect_root=None,
-                 runtime_options=runtime_options, max_file_bytes=max_file_bytes)
+    return _boot(trust_dir, release_dir, state_dir, backend=backend, runtime_options=runtime_options,
+                 config=config)
 
 
 def boot_last_good(trust_dir: str | os.PathLike, state_dir: str | os.PathLike, *, backend: str = "sim",
                    runtime_options: Mapping[str, Any] | None = None,
-                   max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> BootedDevice:
+                   config: VerifyConfig = DEFAULT_CONFIG) -> BootedDevice:
     """Re-verify and boot the release recorded as last good in ``state_dir/state.json``
     (from the device's own slot copy).
 
-    The release is verified from scratch and must have the recorded root digest.
+    The release is verified from scratch and must be the recorded release (same signed
+    statement).
 
     Raises:
         BootError: no last good release recorded (reason ``"state"``), or any :func:`boot`
-            failure (e.g. the recorded directory was altered).
+            failure (e.g. the slot was altered).
     """
-    state = read_device_state(state_dir)
-    if state is None:
-        raise BootError(f"no last good release recorded in {Path(state_dir) / STATE_FILE}; boot a release first",
-                        reason="state")
-    last = state["last_good"]
-    slot = Path(last["release_dir"])
-    if not slot.is_absolute():
-        slot = Path(state_dir).resolve() / slot
-    return _boot(trust_dir, slot, state_dir, backend=backend, record=False,
-                 expect_root=last["root_digest"], runtime_options=runtime_options,
-                 max_file_bytes=max_file_bytes)
+    return _boot(trust_dir, None, state_dir, backend=backend, runtime_options=runtime_options, config=config)

@@ -48,8 +48,9 @@ DEVICE_RELEASE_PCR = 23
 
 ATTESTATION_MODULES: tuple[str, ...] = ("sealfl.common.errors", "sealfl.common.fsutil") + tuple(
     f"sealfl.attestation.{m}"
-    for m in ("__init__", "bundle", "canary", "canonical", "dsse", "errors", "keys", "manifest",
-              "quote", "release", "statement", "trust")
+    for m in ("__init__", "bundle", "canary", "canonical", "config", "device_state", "dsse", "errors",
+              "keys", "manifest", "onnx_check", "quote", "reader", "release", "schema", "statement",
+              "trust", "verify")
 )
 #: The release enclave = attestation code + TEE + release enclave + the CKKS key holder
 #: (``keyholder`` reads the sealed CKKS secret, so it is part of what the seal protects).
@@ -60,7 +61,7 @@ RELEASE_ENCLAVE_MODULES: tuple[str, ...] = ATTESTATION_MODULES + tuple(
 DEVICE_RUNTIME_MODULES: tuple[str, ...] = ATTESTATION_MODULES + tuple(
     f"sealfl.enclave.{m}"
     for m in ("__init__", "acceptance", "device", "errors", "inputs", "measure", "runtime",
-              "runtime_child", "sim", "tee")
+              "runtime_child", "sim", "slots", "tee")
 )
 
 

@@ -30,15 +30,17 @@ from Crypto.PublicKey import ECC
 
 from sealfl.attestation import keys as _keys
 from sealfl.attestation.bundle import assemble_release
-from sealfl.attestation.canonical import canonical_json, loads_strict
+from sealfl.attestation.canonical import JSONFormatError, canonical_json, loads_strict
 from sealfl.attestation.errors import AttestationError, VerificationError
+from sealfl.attestation.quote import CHALLENGE_PURPOSE, RELEASE_PURPOSE
 from sealfl.attestation.release import TrustAnchors, verify_release
-from sealfl.attestation.trust import trust_anchor_files, write_trust_anchors
+from sealfl.attestation.schema import Fields
+from sealfl.attestation.trust import DEFAULT_MAX_VERSION_STEP, trust_anchor_files, write_trust_anchors
 
 from . import measure as _measure
 from sealfl.common.fsutil import atomic_write, ensure_private_dir
 from .errors import EnclaveError, ReleaseWriteError, SecretNotFoundError, TEEStateError, UnsealError
-from .tee import TEE, create_tee, load_tee
+from .tee import BACKEND_MODULES, TEE, create_tee, load_tee
 
 __all__ = ["ReleaseEnclave", "ENCLAVE_SCHEMA"]
 
@@ -47,6 +49,22 @@ log = logging.getLogger(__name__)
 ENCLAVE_SCHEMA = "sealfl.release-enclave/v1"
 _SECRET_NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 _PCR = _measure.RELEASE_ENCLAVE_PCR
+
+
+def _parse_enclave_json(data: bytes, root: Path) -> dict:
+    """Parse ``enclave.json``; every field type-checked. Raises TEEStateError naming the field."""
+    fields = Fields(str(root / "enclave.json"), TEEStateError)
+    try:
+        meta = loads_strict(data)
+    except JSONFormatError as exc:
+        raise fields.fail("", f"is not strict JSON: {exc}; this is not a release enclave state dir") from exc
+    if meta.get("schema") != ENCLAVE_SCHEMA:
+        raise fields.fail("schema", f"is {meta.get('schema')!r:.80}, expected {ENCLAVE_SCHEMA!r}")
+    fields.only(meta, ("schema", "backend", "measurement_pcr", "release_keyid"))
+    fields.get(meta, "backend", "choice", choices=BACKEND_MODULES)
+    fields.get(meta, "measurement_pcr", "integer", lo=_PCR, hi=_PCR)
+    fields.get(meta, "release_keyid", "hex64")
+    return meta
 
 
 class ReleaseEnclave:
@@ -112,12 +130,11 @@ class ReleaseEnclave:
         """
         root = Path(state_dir)
         try:
-            meta = loads_strict((root / "enclave.json").read_bytes())
+            raw = (root / "enclave.json").read_bytes()
             blob = (root / "release_key.sealed").read_bytes()
-        except (OSError, ValueError) as exc:
+        except OSError as exc:
             raise TEEStateError(f"{root} is not a release enclave state dir ({exc}); create one first") from exc
-        if meta.get("schema") != ENCLAVE_SCHEMA:
-            raise TEEStateError(f"{root / 'enclave.json'} has schema {meta.get('schema')!r}, expected {ENCLAVE_SCHEMA!r}")
+        meta = _parse_enclave_json(raw, root)
         tee = load_tee(meta["backend"], root / "tee", reset_pcrs=True)
         cls._boot(tee)
         try:
@@ -129,7 +146,7 @@ class ReleaseEnclave:
                 "enclave (ReleaseEnclave.create) and re-export trust anchors to devices"
             ) from exc
         key = _keys.load_private_key(pem)
-        if _keys.keyid(key.public_key()) != meta.get("release_keyid"):
+        if _keys.keyid(key.public_key()) != meta["release_keyid"]:
             raise TEEStateError(f"unsealed release key does not match enclave.json keyid in {root}")
         log.info("release enclave %s booted, measurement %s", root, tee.read([_PCR])[_PCR].hex())
         return cls(root, tee, key)
@@ -150,7 +167,8 @@ class ReleaseEnclave:
         """Expected PCRs of this enclave, ``{16: lowercase hex}`` (current PCR 16 value)."""
         return {_PCR: self.tee.read([_PCR])[_PCR].hex()}
 
-    def trust_anchors(self, min_version: int = 0) -> TrustAnchors:
+    def trust_anchors(self, min_version: int = 0,
+                      max_version_step: int = DEFAULT_MAX_VERSION_STEP) -> TrustAnchors:
         """In-memory :class:`TrustAnchors` for this enclave (what :meth:`export_trust` writes)."""
         return TrustAnchors(
             release_public_keys=(self.release_public_key,),
@@ -159,10 +177,11 @@ class ReleaseEnclave:
             allowed_backends=frozenset({self.backend}),
             allow_insecure_sim=self.tee.insecure,
             min_version=min_version,
+            max_version_step=max_version_step,
         )
 
     def export_trust(self, trust_dir: str | os.PathLike, min_version: int = 0, *,
-                     overwrite: bool = False) -> Path:
+                     max_version_step: int = DEFAULT_MAX_VERSION_STEP, overwrite: bool = False) -> Path:
         """Write the trust directory a device pins (release key, AK, policy with ``{16: hex}``).
 
         For the ``sim`` backend the policy allows ``"sim"`` and is marked
@@ -171,7 +190,7 @@ class ReleaseEnclave:
         Raises:
             TrustAnchorError: trust files exist and ``overwrite`` is False.
         """
-        anchors = self.trust_anchors(min_version)
+        anchors = self.trust_anchors(min_version, max_version_step)
         files = trust_anchor_files(
             release_public_keys=anchors.release_public_keys,
             ak_public_key=anchors.ak_public_key,
@@ -179,12 +198,19 @@ class ReleaseEnclave:
             allowed_backends=anchors.allowed_backends,
             allow_insecure_sim=anchors.allow_insecure_sim,
             min_version=min_version,
+            max_version_step=max_version_step,
         )
         return write_trust_anchors(trust_dir, files, overwrite=overwrite)
 
     def attest(self, nonce: bytes) -> dict:
-        """A fresh quote over PCR 16 carrying ``nonce`` (for key brokers / remote verifiers)."""
-        return self.tee.quote(nonce, [_PCR])
+        """A fresh challenge quote over PCR 16 for ``nonce`` (1..64 bytes; for key brokers and
+        remote verifiers). Its purpose is ``"challenge"``: it never verifies as a release
+        attestation, whatever ``nonce`` is (see :mod:`sealfl.attestation.quote`).
+
+        Raises:
+            TEEError: ``nonce`` is not 1..64 bytes.
+        """
+        return self.tee.quote(CHALLENGE_PURPOSE, nonce, [_PCR])
 
     # -- releases ----------------------------------------------------------------------
 
@@ -193,7 +219,8 @@ class ReleaseEnclave:
         """Sign, attest and write a release directory atomically.
 
         Builds manifest, in-toto statement, DSSE envelope and the release attestation
-        (quote over PCR 16 with nonce = root digest), verifies the result against this
+        (quote over PCR 16 for purpose ``"release"`` over the SHA-256 of the signed
+        statement), verifies the result against this
         enclave's own trust anchors, writes it into a temporary sibling directory and
         renames that onto ``out_dir``; a crash leaves no half-written ``out_dir``.
 
@@ -201,7 +228,7 @@ class ReleaseEnclave:
             out_dir: target directory; must not exist or be empty.
             payload: ``{flat file name: bytes}``, e.g. ``{"model.int8.onnx": b"..."}``.
             name: release name.
-            version: release version (int >= 0).
+            version: release version (int in ``0..2**31-1``).
             metadata: signed free metadata, e.g. ``{"model_file": "model.int8.onnx"}``.
 
         Returns:
@@ -216,7 +243,7 @@ class ReleaseEnclave:
             raise ReleaseWriteError(f"{out} exists and is not an empty directory; choose a new output directory")
         try:
             files = assemble_release({k: bytes(v) for k, v in payload.items()}, name, version, metadata,
-                                     self._key, lambda nonce: self.tee.quote(nonce, [_PCR]))
+                                     self._key, lambda data: self.tee.quote(RELEASE_PURPOSE, data, [_PCR]))
             verified = verify_release(files, self.trust_anchors())
         except VerificationError as exc:
             raise ReleaseWriteError(f"refusing to write a release that does not verify: {exc}") from exc

@@ -1,13 +1,18 @@
 """Sandboxed onnxruntime inference in a child process (privilege separation).
 
 :class:`SandboxedRuntime` starts ``python -I runtime_child.py`` (see
-:mod:`sealfl.enclave.runtime_child`) with an empty-ish environment, cwd ``/``, a new
-session, an address-space limit (``RLIMIT_AS``) and -- where the kernel allows -- an empty
+:mod:`sealfl.enclave.runtime_child`) with an empty-ish environment, its working directory a
+fresh, empty, private (0700) directory removed when the runtime closes, a new session, an address-space limit (``RLIMIT_AS``) and -- where the kernel allows -- an empty
 network namespace. The child receives ONLY the verified model bytes over a pipe (never a
 path), builds ``onnxruntime.InferenceSession(model_bytes)`` and serves requests. Replies are
 parsed without pickle, so a compromised child cannot attack the parent through the protocol.
 Every wait on the child is bounded by a timeout; on timeout or crash the child is killed by
 its pid and :class:`RuntimeSandboxError` is raised.
+
+Why the empty working directory: onnxruntime resolves a tensor's external-data path for a
+model loaded from bytes relative to the working directory. Verification already refuses
+models with external data (:mod:`sealfl.attestation.onnx_check`); as a second line of
+defence, the child's working directory holds nothing it could read.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import select
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -61,6 +67,7 @@ class SandboxedRuntime:
 
     Attributes:
         pid: the child's process id.
+        workdir: the child's working directory (empty, mode 0700; removed by :meth:`close`).
         network: how the child's network was isolated (``"netns"``, ``"userns+netns"``,
             ``"unavailable: ..."`` or ``"inherited"``).
 
@@ -81,13 +88,15 @@ class SandboxedRuntime:
         self._closed = False
         self._max_reply = memory_limit_bytes or (1 << 40)
         self._stderr = tempfile.TemporaryFile()
+        self.workdir = tempfile.mkdtemp(prefix="sealfl-sandbox-")  # mode 0700, empty
         cmd = self._command(memory_limit_bytes, intra_op_threads, network)
         try:
             self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                          stderr=self._stderr, env=_minimal_env(), cwd="/",
+                                          stderr=self._stderr, env=_minimal_env(), cwd=self.workdir,
                                           close_fds=True, start_new_session=True)
         except OSError as exc:
             self._stderr.close()
+            shutil.rmtree(self.workdir, ignore_errors=True)
             raise RuntimeSandboxError(f"cannot start the sandbox child: {exc}") from exc
         self.pid = self._proc.pid
         os.set_blocking(self._proc.stdin.fileno(), False)
@@ -285,6 +294,9 @@ class SandboxedRuntime:
         stderr = getattr(self, "_stderr", None)
         if stderr is not None and not stderr.closed:
             stderr.close()
+        workdir = getattr(self, "workdir", None)
+        if workdir is not None and (proc is None or proc.poll() is not None):
+            shutil.rmtree(workdir, ignore_errors=True)
 
     def __enter__(self) -> "SandboxedRuntime":
         return self

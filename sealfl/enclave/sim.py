@@ -14,6 +14,9 @@ State directory (mode 0700)::
     seal.key    32-byte AES-256 sealing key, mode 0600
     pcrs.json   current PCR values {"0": hex, ..., "23": hex}, mode 0600
 
+``tee.json`` and ``pcrs.json`` are parsed strictly and every field is type-checked: a
+malformed one is a :class:`TEEStateError` naming the file and the field.
+
 PCR values persist across :meth:`SimTEE.load` only with ``reset_pcrs=False``; the default
 ``reset_pcrs=True`` simulates a reboot (TPM2_Startup(CLEAR): all PCRs back to zero).
 
@@ -25,7 +28,6 @@ the policy cannot be altered without failing authentication.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import struct
@@ -38,8 +40,9 @@ from Crypto.Random import get_random_bytes
 from sealfl.attestation import keys as _keys
 from sealfl.attestation.canonical import JSONFormatError, canonical_json, loads_strict
 from sealfl.attestation.errors import AttestationError
-from sealfl.attestation.quote import DIGEST_SIZE, NUM_PCRS, ZERO_PCR, make_quote
+from sealfl.attestation.quote import DIGEST_SIZE, NUM_PCRS, ZERO_PCR, make_quote, parse_pcr_map
 from sealfl.attestation.quote import extend as _extend
+from sealfl.attestation.schema import Fields
 
 from sealfl.common.fsutil import atomic_write, check_private_file, ensure_private_dir
 from .errors import TEEError, TEEStateError, UnsealError
@@ -51,6 +54,32 @@ log = logging.getLogger(__name__)
 
 _MAGIC = b"SEALFL-SIMSEAL/1\n"
 _STATE_FILES = ("tee.json", "ak.pem", "seal.key", "pcrs.json")
+_FORMAT = 1
+
+
+def _parse_tee_json(data: bytes, root: Path) -> None:
+    fields = Fields(str(root / "tee.json"), TEEStateError)
+    try:
+        meta = loads_strict(data)
+    except JSONFormatError as exc:
+        raise fields.fail("", f"is not strict JSON: {exc}") from exc
+    fields.only(meta, ("backend", "format"))
+    if fields.get(meta, "backend", "string") != "sim":
+        raise fields.fail("backend", f"is {meta['backend']!r:.40}, not 'sim'")
+    fields.get(meta, "format", "integer", lo=_FORMAT, hi=_FORMAT)
+
+
+def _parse_pcrs_json(data: bytes, root: Path) -> list[bytes]:
+    fields = Fields(str(root / "pcrs.json"), TEEStateError)
+    try:
+        saved = loads_strict(data)
+    except JSONFormatError as exc:
+        raise fields.fail("", f"is not strict JSON: {exc}") from exc
+    values = parse_pcr_map(saved, fields, "")
+    missing = [i for i in range(NUM_PCRS) if i not in values]
+    if missing:
+        raise fields.fail(str(missing[0]), "is missing (every PCR 0..23 must be recorded)")
+    return [bytes.fromhex(values[i]) for i in range(NUM_PCRS)]
 
 
 def _check_index(pcr: int) -> int:
@@ -107,7 +136,7 @@ class SimTEE(TEE):
         atomic_write(root / "seal.key", seal_key, 0o600)
         tee = cls(root, ak_pem, seal_key, pcrs)
         tee._save_pcrs()
-        atomic_write(root / "tee.json", canonical_json({"backend": "sim", "format": 1}), 0o600)
+        atomic_write(root / "tee.json", canonical_json({"backend": "sim", "format": _FORMAT}), 0o600)
         return tee
 
     @classmethod
@@ -127,21 +156,16 @@ class SimTEE(TEE):
             for name in _STATE_FILES:
                 if not check_private_file(root / name):
                     raise TEEStateError(f"{root / name} is accessible by group/others; chmod 600 it")
-            meta = json.loads((root / "tee.json").read_bytes())
+            meta = (root / "tee.json").read_bytes()
             ak_pem = (root / "ak.pem").read_bytes()
             seal_key = (root / "seal.key").read_bytes()
-            saved = json.loads((root / "pcrs.json").read_bytes())
-        except (OSError, ValueError) as exc:
+            saved = (root / "pcrs.json").read_bytes()
+        except OSError as exc:
             raise TEEStateError(f"cannot load SimTEE state from {root}: {exc}") from exc
-        if meta.get("backend") != "sim" or len(seal_key) != 32:
-            raise TEEStateError(f"{root} does not hold a valid SimTEE state")
-        if reset_pcrs:
-            pcrs = [ZERO_PCR] * NUM_PCRS
-        else:
-            try:
-                pcrs = [bytes.fromhex(saved[str(i)]) for i in range(NUM_PCRS)]
-            except (KeyError, ValueError) as exc:
-                raise TEEStateError(f"{root / 'pcrs.json'} is malformed: {exc}") from exc
+        _parse_tee_json(meta, root)
+        if len(seal_key) != 32:
+            raise TEEStateError(f"{root / 'seal.key'} is not a 32-byte AES-256 key")
+        pcrs = [ZERO_PCR] * NUM_PCRS if reset_pcrs else _parse_pcrs_json(saved, root)
         try:
             tee = cls(root, ak_pem, seal_key, pcrs)
         except AttestationError as exc:
@@ -149,13 +173,6 @@ class SimTEE(TEE):
         if reset_pcrs:
             tee._save_pcrs()
         return tee
-
-    @classmethod
-    def open_or_create(cls, state_dir: str | os.PathLike, *, reset_pcrs: bool = True) -> "SimTEE":
-        """:meth:`load` if ``state_dir`` holds state, else :meth:`create`."""
-        if (Path(state_dir) / "tee.json").exists():
-            return cls.load(state_dir, reset_pcrs=reset_pcrs)
-        return cls.create(state_dir)
 
     def _save_pcrs(self) -> None:
         atomic_write(
@@ -177,10 +194,10 @@ class SimTEE(TEE):
         """See :meth:`TEE.read`."""
         return {_check_index(i): self._pcrs[i] for i in pcrs}
 
-    def quote(self, nonce: bytes, pcrs: Sequence[int]) -> dict:
+    def quote(self, purpose: str, data: bytes, pcrs: Sequence[int]) -> dict:
         """See :meth:`TEE.quote`; ``backend`` is ``"sim"``."""
         try:
-            return make_quote("sim", self.read(pcrs), nonce, lambda msg: _keys.sign(self._ak, msg))
+            return make_quote("sim", self.read(pcrs), purpose, data, lambda msg: _keys.sign(self._ak, msg))
         except AttestationError as exc:
             raise TEEError(f"cannot produce quote: {exc}") from exc
 

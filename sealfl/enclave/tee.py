@@ -74,13 +74,15 @@ class TEE(ABC):
         """
 
     @abstractmethod
-    def quote(self, nonce: bytes, pcrs: Sequence[int]) -> dict:
-        """Return a quote over ``pcrs`` carrying ``nonce`` (1..64 bytes), signed by the AK.
+    def quote(self, purpose: str, data: bytes, pcrs: Sequence[int]) -> dict:
+        """Return a quote over ``pcrs`` for ``purpose`` (``"release"`` or ``"challenge"``),
+        signed by the AK. The quote's qualifying data is ``SHA-256(label(purpose) || 0x00 ||
+        data)``, never ``data`` itself, so a quote made for one purpose cannot pass as another.
 
         Format: :mod:`sealfl.attestation.quote`.
 
         Raises:
-            TEEError: bad nonce or indices.
+            TEEError: unknown purpose, ``data`` not 1..64 bytes, or bad indices.
         """
 
     @abstractmethod

@@ -4,42 +4,29 @@ from __future__ import annotations
 
 import os
 
-from sealfl.attestation.release import (
-    DEFAULT_MAX_FILE_BYTES,
-    VerifiedRelease,
-    load_trust_anchors,
-    read_release_dir,
-    verify_release,
-)
+from sealfl.attestation.config import DEFAULT_CONFIG, VerifyConfig
+from sealfl.attestation.reader import load_release
+from sealfl.attestation.trust import load_trust_anchors
+from sealfl.attestation.verify import VerifiedRelease
 
-__all__ = ["verify_dir", "describe"]
+__all__ = ["verify_dir"]
 
 
 def verify_dir(trust_dir: str | os.PathLike, release_dir: str | os.PathLike, *,
-               last_version: int | None = None,
-               max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> VerifiedRelease:
-    """Verify ``release_dir`` against the trust anchors in ``trust_dir``.
+               config: VerifyConfig = DEFAULT_CONFIG) -> VerifiedRelease:
+    """Verify ``release_dir`` against the trust anchors in ``trust_dir``, reading only what the
+    release signed (see :func:`sealfl.attestation.reader.load_release`).
 
-    Exit-code convention for the CLI: return -> exit 0; an exception -> non-zero with
+    Exit-code convention for the CLI: return -> exit 0; an exception -> exit 1 with
     ``str(exc)`` as the message (a :class:`VerificationError` names the failing file and check).
 
     Args:
         trust_dir: directory with ``release_key.pub.pem``, ``enclave_ak.pub.pem``, ``policy.json``.
         release_dir: the release directory.
-        last_version: optional last version run (rollback check).
-        max_file_bytes: per-file read cap in bytes.
+        config: read caps.
 
     Raises:
         TrustAnchorError: the trust directory is missing or invalid.
         VerificationError: the release failed a check (``.file``, ``.check``).
     """
-    trust = load_trust_anchors(trust_dir)
-    files = read_release_dir(release_dir, max_file_bytes=max_file_bytes)
-    return verify_release(files, trust, last_version=last_version)
-
-
-def describe(release: VerifiedRelease) -> str:
-    """One-line human summary of a verified release (for the CLI's success message)."""
-    insecure = " (INSECURE sim attestation)" if release.backend == "sim" else ""
-    return (f"OK {release.name} v{release.version} root {release.root_digest} "
-            f"files {sorted(release.payload)} attested by {release.backend}{insecure}")
+    return load_release(release_dir, load_trust_anchors(trust_dir), config=config)

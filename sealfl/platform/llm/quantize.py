@@ -8,8 +8,8 @@ layout of llama.cpp's ggml blocks, ggml-quants.c):
   onnxruntime's fast 4-bit kernels take integer zero points only, so the block minimum is
   carried by a second term::
 
-      y = MatMulNBits(x; q, scale=d, zero_point=0)  +  BlockSum(x) @ M
-      BlockSum(x)[..., b] = sum of x over block b (K/32 values),  M[b, n] = m of block b, column n
+      y = MatMulNBits(x; q, scale=d, zero_point=0)  +  (x @ S) @ M
+      S (K, K/32): 0/1, sums x over each block of 32;  M[b, n] = m of block b, column n
 
   which is exactly ``x @ W`` for ``W = d*q + m``. The base model is a Q4_1 GGUF, so for
   every layer the adapters did not change this quantisation reproduces the base weights
@@ -170,16 +170,19 @@ def _nbits_node(helper, numpy_helper, prefix, x, out, w, bits, acc, inits, nodes
     q, d, m = quantize_asym_blocks(w, bits)
     blob = pack_nibbles(q) if bits == 4 else q
     zp = np.zeros(n * (((k // BLOCK) * bits + 7) // 8), dtype=np.uint8)
-    names = {s: f"{prefix}/q/{s}" for s in ("B", "scales", "zp", "min", "y", "xb", "xs", "corr")}
+    names = {s: f"{prefix}/q/{s}" for s in ("B", "scales", "zp", "min", "y", "xs", "corr")}
+    summer = f"sealfl/q/block_sum_{k}"
+    if not any(i.name == summer for i in inits):
+        # (K, K/32) 0/1 matrix: x @ S sums x over each block of 32 (rank-agnostic, unlike a Reshape)
+        inits.append(numpy_helper.from_array(np.kron(np.eye(k // BLOCK, dtype=np.float32),
+                                                     np.ones((BLOCK, 1), np.float32)), summer))
     inits += [numpy_helper.from_array(blob, names["B"]), numpy_helper.from_array(d.reshape(-1), names["scales"]),
               numpy_helper.from_array(zp, names["zp"]), numpy_helper.from_array(np.ascontiguousarray(m.T), names["min"])]
     nodes += [
         helper.make_node("MatMulNBits", [x, names["B"], names["scales"], names["zp"]], [names["y"]],
                          name=f"{prefix}/MatMulNBits", domain="com.microsoft", K=k, N=n, bits=bits,
                          block_size=BLOCK, accuracy_level=acc),
-        helper.make_node("Reshape", [x, "sealfl/q/block_shape"], [names["xb"]], name=f"{prefix}/BlockReshape"),
-        helper.make_node("ReduceSum", [names["xb"], "sealfl/q/last_axis"], [names["xs"]], keepdims=0,
-                         name=f"{prefix}/BlockSum"),
+        helper.make_node("MatMul", [x, summer], [names["xs"]], name=f"{prefix}/BlockSum"),
         helper.make_node("MatMul", [names["xs"], names["min"]], [names["corr"]], name=f"{prefix}/BlockMin"),
         helper.make_node("Add", [names["y"], names["corr"]], [out], name=f"{prefix}/Add"),
     ]
@@ -236,8 +239,7 @@ def quantize_llm(model_bytes_or_proto, scheme: str = "int4") -> bytes:
     inits = {i.name: i for i in graph.initializer}
     producers = {o: n for n in graph.node for o in n.output}
     outputs = {o.name for o in graph.output}
-    new_inits = [numpy_helper.from_array(np.array([0, 0, -1, BLOCK], np.int64), "sealfl/q/block_shape"),
-                 numpy_helper.from_array(np.array([-1], np.int64), "sealfl/q/last_axis")]
+    new_inits: list = []
     nodes: list = []
     head = None
     for node in graph.node:

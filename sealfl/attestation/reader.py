@@ -1,0 +1,197 @@
+"""Reading a release directory: bounded by what was signed (the I/O around :mod:`.verify`).
+
+:func:`load_release` is what ``sealfl verify`` and ``device boot`` use:
+
+1. list the directory's names (at most ``VerifyConfig.max_entries``); nothing is opened;
+2. read ``manifest.dsse.json``, ``manifest.json``, ``attestation.json``, each no further than
+   its cap + 1 byte (:class:`~sealfl.attestation.config.VerifyConfig`);
+3. :func:`~sealfl.attestation.verify.verify_metadata` on those bytes and the names -- an
+   unlisted name is refused as ``extra-file`` without ever being opened;
+4. open each *listed* file, refuse it if ``fstat`` gives a size other than its signed size,
+   and read it no further than its signed size + 1 byte;
+5. :func:`~sealfl.attestation.verify.verify_payload` on those bytes.
+
+Every file is opened relative to a directory fd with ``O_NOFOLLOW | O_NONBLOCK`` and checked
+with ``fstat`` on the open fd (no check-then-open race; symlinks, FIFOs and devices are
+refused as ``file-type``). So the memory and time a release costs the device are bounded by
+the caps and by what the release enclave signed, never by what else sits on the disk.
+
+:func:`read_release_dir` reads *every* regular file of a directory (under a per-file cap);
+it is for tools and tests that want the raw bytes, not for verification.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+from pathlib import Path
+
+from .bundle import METADATA_FILES
+from .config import DEFAULT_CONFIG, DEFAULT_MAX_FILE_BYTES, VerifyConfig
+from .device_state import DeviceState
+from .errors import VerificationError
+from .trust import TrustAnchors
+from .verify import VerifiedRelease, verify_metadata, verify_payload
+
+__all__ = ["load_release", "read_release_dir"]
+
+log = logging.getLogger(__name__)
+
+_CHUNK = 1 << 20
+
+
+def _open_dir(root: str) -> int:
+    try:
+        return os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise VerificationError(root, "read", f"cannot open release directory: {exc.strerror or exc}") from exc
+
+
+def _list_dir(dfd: int, root: str, max_entries: int) -> list[str]:
+    names: list[str] = []
+    try:
+        with os.scandir(dfd) as it:
+            for entry in it:
+                names.append(entry.name)
+                if len(names) > max_entries:
+                    raise VerificationError(root, "read", f"more than {max_entries} directory entries "
+                                            "(VerifyConfig.max_entries)")
+    except OSError as exc:
+        raise VerificationError(root, "read", f"cannot list release directory: {exc.strerror or exc}") from exc
+    return sorted(names)
+
+
+def _open_regular(dfd: int, name: str) -> tuple[int, os.stat_result]:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise VerificationError(name, "file-type", "is a symbolic link") from exc
+        raise VerificationError(name, "read", f"cannot open: {exc.strerror or exc}") from exc
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise VerificationError(name, "file-type", "is a directory")
+        if not stat.S_ISREG(st.st_mode):
+            raise VerificationError(name, "file-type", "is not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def _read_at_most(fd: int, name: str, limit: int) -> bytes:
+    """Read from ``fd`` until EOF or ``limit + 1`` bytes, whichever comes first."""
+    parts: list[bytes] = []
+    got = 0
+    try:
+        while got <= limit:
+            chunk = os.read(fd, min(_CHUNK, limit + 1 - got))
+            if not chunk:
+                break
+            parts.append(chunk)
+            got += len(chunk)
+    except OSError as exc:
+        raise VerificationError(name, "read", f"cannot read: {exc.strerror or exc}") from exc
+    return b"".join(parts)
+
+
+def _read_document(dfd: int, name: str, cap: int) -> bytes:
+    fd, st = _open_regular(dfd, name)
+    try:
+        if st.st_size > cap:
+            raise VerificationError(name, "size", f"{st.st_size} bytes > cap {cap} (VerifyConfig)")
+        data = _read_at_most(fd, name, cap)
+    finally:
+        os.close(fd)
+    if len(data) > cap:
+        raise VerificationError(name, "size", f"more than {cap} bytes (VerifyConfig); the file grew while read")
+    return data
+
+
+def _read_payload(dfd: int, name: str, signed_size: int) -> bytes:
+    fd, st = _open_regular(dfd, name)
+    try:
+        if st.st_size != signed_size:
+            raise VerificationError(name, "hash", f"size {st.st_size} bytes != signed size {signed_size} "
+                                    "(refused before reading)")
+        return _read_at_most(fd, name, signed_size)  # verify_payload refuses a length != signed_size
+    finally:
+        os.close(fd)
+
+
+def load_release(path: str | os.PathLike, trust: TrustAnchors, *, state: DeviceState | None = None,
+                 config: VerifyConfig = DEFAULT_CONFIG) -> VerifiedRelease:
+    """Read and verify the release directory ``path`` (steps in the module docstring).
+
+    Args:
+        path: the release directory (may itself be a symlink, e.g. an A/B "current" link).
+        trust: pinned keys and policy.
+        state: the device's trusted state (rollback floor); None = a fresh device.
+        config: size caps.
+
+    Returns:
+        the :class:`~sealfl.attestation.verify.VerifiedRelease`; its ``payload`` and
+        ``documents`` hold the bytes that were verified.
+
+    Raises:
+        VerificationError: ``read`` (directory missing/unreadable, too many entries),
+            ``file-type`` (a listed or document name is a symlink, directory or special
+            file), ``size`` (a document over its cap), or any check of
+            :mod:`sealfl.attestation.verify`.
+    """
+    root = str(path)
+    dfd = _open_dir(root)
+    try:
+        names = _list_dir(dfd, root, config.max_entries)
+        documents = {}
+        for name in METADATA_FILES:
+            if name not in names:
+                raise VerificationError(name, "missing-file", "release metadata file is missing")
+            documents[name] = _read_document(dfd, name, config.document_cap(name))
+        signed = verify_metadata(documents, names, trust, state=state, config=config)
+        payload = {entry.path: _read_payload(dfd, entry.path, entry.size) for entry in signed.files}
+    finally:
+        os.close(dfd)
+    log.debug("read %d signed files from release dir %s", len(payload) + len(documents), Path(root))
+    return verify_payload(signed, payload)
+
+
+def read_release_dir(path: str | os.PathLike, *, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+                     max_files: int = 4096) -> dict[str, bytes]:
+    """Read every regular file of a flat directory exactly once (for tools and tests; the
+    device uses :func:`load_release`, which never reads an unlisted file).
+
+    Args:
+        path: the directory.
+        max_file_bytes: per-file cap in bytes (default 2 GiB).
+        max_files: cap on the number of directory entries.
+
+    Returns:
+        ``{file name: bytes}``.
+
+    Raises:
+        VerificationError: ``read`` (directory missing/unreadable, too many entries, a file
+            changing size while read), ``file-type`` (symlink, subdirectory or special
+            file), ``size`` (file over cap).
+    """
+    root = str(path)
+    dfd = _open_dir(root)
+    out: dict[str, bytes] = {}
+    try:
+        for name in _list_dir(dfd, root, max_files):
+            fd, st = _open_regular(dfd, name)
+            try:
+                if st.st_size > max_file_bytes:
+                    raise VerificationError(name, "size", f"{st.st_size} bytes > cap {max_file_bytes}")
+                data = _read_at_most(fd, name, st.st_size)
+            finally:
+                os.close(fd)
+            if len(data) != st.st_size:
+                raise VerificationError(name, "read", "file changed size while being read; retry")
+            out[name] = data
+    finally:
+        os.close(dfd)
+    return out

@@ -1,0 +1,286 @@
+"""Pure release verification: a metadata step and a payload step (no I/O).
+
+Like python-tuf's ``TrustedMetadataSet`` beside its ``Updater``, the decisions live here and
+the reading lives in :mod:`sealfl.attestation.reader`:
+
+* :func:`verify_metadata` takes the bytes of the three signed documents and the *names* in
+  the release directory, and returns a :class:`SignedRelease` -- what was signed, including
+  every payload file's size and digest. The reader then knows how far to read each file and
+  never opens a file the release does not list.
+* :func:`verify_payload` takes a :class:`SignedRelease` and the payload bytes and returns a
+  :class:`VerifiedRelease` holding the very ``bytes`` objects that were hashed.
+* :func:`verify_release` runs both on a ``{name: bytes}`` map of a whole directory, for
+  callers that already hold every byte.
+
+Checks, in order (each failure raises :class:`VerificationError` naming file and check):
+
+1. ``missing-file`` / ``size``  the three documents are there and within their caps.
+2. ``signature``  manifest.dsse.json is a DSSE envelope (every field type-checked, strict
+   Base64) signed by a pinned release key.
+3. ``statement``  its payload is a sealfl in-toto Statement v1.
+4. ``manifest``   manifest.json parses, and its name, version, root digest, metadata and file
+   list equal the signed statement's; payload names are flat and not document names.
+5. ``missing-file`` / ``extra-file``  the directory holds exactly the listed files (all
+   missing and unlisted names are reported; ``file`` is the first).
+6. ``size``       no signed file size exceeds ``VerifyConfig.max_file_bytes``.
+7. ``attestation`` attestation.json holds a quote by the pinned AK for purpose ``release``
+   over the SHA-256 of the signed statement, with the pinned PCRs, from an allowed backend.
+8. ``version`` / ``rollback``  :meth:`DeviceState.check` (policy min_version and
+   max_version_step, the device's rollback floor).
+9. ``hash``       every payload file has its signed size and SHA-256 (all mismatches reported).
+10. ``onnx``      every ``.onnx`` payload and the metadata's ``model_file`` is a
+    self-contained ONNX model (:mod:`sealfl.attestation.onnx_check`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+
+from .bundle import ATTESTATION_FILE, ENVELOPE_FILE, MANIFEST_FILE, METADATA_FILES, parse_attestation
+from .canonical import JSONFormatError, loads_strict
+from .config import DEFAULT_CONFIG, VerifyConfig
+from .device_state import DeviceState
+from .dsse import verify_envelope
+from .errors import ManifestError, PolicyError, QuoteError, SignatureError, StatementError, VerificationError
+from .manifest import parse_manifest
+from .onnx_check import check_self_contained
+from .quote import RELEASE_PURPOSE, verify_quote
+from .statement import PAYLOAD_TYPE, parse_statement
+from .trust import TrustAnchors
+
+__all__ = ["FileEntry", "SignedRelease", "VerifiedRelease", "verify_metadata", "verify_payload", "verify_release"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One signed payload file: ``path`` (flat name), ``size`` (bytes), ``sha256`` (hex)."""
+
+    path: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class SignedRelease:
+    """A release whose signed documents passed checks 1-8; its payload is not read yet.
+
+    Attributes:
+        name: release name.
+        version: release version (0..2**31-1).
+        root_digest: manifest root digest, lowercase hex.
+        statement_digest: SHA-256 of the signed statement bytes, lowercase hex.
+        files: the signed payload files, sorted by path.
+        manifest: the parsed manifest dict.
+        metadata: the signed metadata dict.
+        backend: TEE backend of the release attestation (``"sim"`` is insecure).
+        documents: ``{name: bytes}`` of the three signed documents, as verified.
+    """
+
+    name: str
+    version: int
+    root_digest: str
+    statement_digest: str
+    files: tuple[FileEntry, ...]
+    manifest: dict = field(repr=False)
+    metadata: dict = field(repr=False)
+    backend: str
+    documents: dict[str, bytes] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class VerifiedRelease:
+    """A release that passed every check.
+
+    Attributes:
+        name: release name.
+        version: release version (int).
+        root_digest: manifest root digest, lowercase hex.
+        payload: ``{file name: bytes}`` of the payload files -- the same ``bytes`` objects
+            that were hashed; hand exactly these to the runtime.
+        manifest: the parsed manifest dict.
+        metadata: the manifest's (signed) metadata dict.
+        backend: TEE backend of the release attestation (``"sim"`` is insecure).
+        statement_digest: SHA-256 of the signed statement, lowercase hex (one per signed release).
+        documents: ``{name: bytes}`` of manifest.dsse.json, manifest.json, attestation.json.
+    """
+
+    name: str
+    version: int
+    root_digest: str
+    payload: dict[str, bytes] = field(repr=False)
+    manifest: dict = field(repr=False)
+    metadata: dict = field(repr=False)
+    backend: str = "sim"
+    statement_digest: str = ""
+    documents: dict[str, bytes] = field(default_factory=dict, repr=False)
+
+    def files(self) -> dict[str, bytes]:
+        """Every file of the release directory as verified: documents and payload."""
+        return {**self.documents, **self.payload}
+
+
+def _listing_problems(listed: Collection[str], present: Collection[str]) -> None:
+    missing = sorted(set(listed) - set(present))
+    extra = sorted(set(present) - set(listed) - set(METADATA_FILES))
+    if not missing and not extra:
+        return
+    parts = []
+    if missing:
+        parts.append(f"listed in the signed manifest but absent: {missing}")
+    if extra:
+        parts.append(f"present but not listed in the signed manifest: {extra}")
+    detail = "; ".join(parts)
+    if missing:
+        raise VerificationError(missing[0], "missing-file", detail, tuple(missing))
+    raise VerificationError(extra[0], "extra-file", detail, tuple(extra))
+
+
+def verify_metadata(documents: Mapping[str, bytes], listing: Collection[str], trust: TrustAnchors, *,
+                    state: DeviceState | None = None, config: VerifyConfig = DEFAULT_CONFIG) -> SignedRelease:
+    """Checks 1-8 (module docstring) on the signed documents and the directory's names. Pure.
+
+    Args:
+        documents: ``{name: bytes}`` of manifest.dsse.json, manifest.json and
+            attestation.json (other keys are ignored).
+        listing: every entry name of the release directory (nothing of them is read).
+        trust: pinned keys and policy.
+        state: the device's trusted state (rollback floor); None = a fresh device.
+        config: size caps.
+
+    Returns:
+        a :class:`SignedRelease`.
+
+    Raises:
+        VerificationError: the first failed check, with ``.file`` and ``.check`` set.
+    """
+    for name in (ENVELOPE_FILE, MANIFEST_FILE, ATTESTATION_FILE):
+        if name not in documents or name not in listing:
+            raise VerificationError(name, "missing-file", "release metadata file is missing")
+        if not isinstance(documents[name], bytes):
+            raise VerificationError(name, "read", f"content must be immutable bytes, got "
+                                    f"{type(documents[name]).__name__}")
+        if len(documents[name]) > config.document_cap(name):
+            raise VerificationError(name, "size", f"{len(documents[name])} bytes > cap {config.document_cap(name)}")
+    try:
+        envelope = loads_strict(documents[ENVELOPE_FILE])
+        payload = verify_envelope(envelope, trust.release_public_keys, expected_payload_type=PAYLOAD_TYPE)
+    except (JSONFormatError, SignatureError) as exc:
+        raise VerificationError(ENVELOPE_FILE, "signature", str(exc)) from exc
+    try:
+        statement = parse_statement(payload)
+    except StatementError as exc:
+        raise VerificationError(ENVELOPE_FILE, "statement", str(exc)) from exc
+    try:
+        manifest = parse_manifest(documents[MANIFEST_FILE])
+    except ManifestError as exc:
+        raise VerificationError(MANIFEST_FILE, "manifest", str(exc)) from exc
+    if not hmac.compare_digest(manifest["root_digest"], statement.root_digest):
+        raise VerificationError(MANIFEST_FILE, "manifest", f"root digest {manifest['root_digest']} differs from "
+                                f"the signed one {statement.root_digest}")
+    for key, signed in (("name", statement.name), ("version", statement.version),
+                        ("metadata", statement.metadata), ("files", statement.files)):
+        if manifest[key] != signed:
+            raise VerificationError(MANIFEST_FILE, "manifest", f"field {key!r} differs from the signed statement")
+    entries = tuple(FileEntry(e["path"], e["size"], e["sha256"]) for e in statement.files)
+    for entry in entries:
+        if entry.path in METADATA_FILES or "/" in entry.path:
+            raise VerificationError(MANIFEST_FILE, "manifest", f"lists {entry.path!r} as a payload file; payload "
+                                    "names are plain file names (release directories are flat) other than "
+                                    f"{list(METADATA_FILES)}")
+    _listing_problems([e.path for e in entries], listing)
+    too_big = [e.path for e in entries if e.size > config.max_file_bytes]
+    if too_big:
+        raise VerificationError(too_big[0], "size", f"signed size exceeds the cap of {config.max_file_bytes} bytes "
+                                f"(all: {too_big})", tuple(too_big))
+    try:
+        quote = parse_attestation(documents[ATTESTATION_FILE])
+        verify_quote(quote, trust.ak_public_key, RELEASE_PURPOSE, bytes.fromhex(statement.statement_digest),
+                     trust.expected_pcrs, allowed_backends=trust.accepted_backends())
+    except (QuoteError, PolicyError) as exc:
+        raise VerificationError(ATTESTATION_FILE, "attestation", str(exc)) from exc
+    (state or DeviceState()).check(statement.version, statement.root_digest, statement.statement_digest, trust)
+    return SignedRelease(
+        name=statement.name, version=statement.version, root_digest=statement.root_digest,
+        statement_digest=statement.statement_digest, files=entries, manifest=manifest,
+        metadata=manifest["metadata"], backend=quote["backend"],
+        documents={name: documents[name] for name in METADATA_FILES},
+    )
+
+
+def _model_files(signed: SignedRelease) -> list[str]:
+    names = {e.path for e in signed.files if e.path.lower().endswith(".onnx")}
+    if isinstance(signed.metadata.get("model_file"), str):
+        names.add(signed.metadata["model_file"])
+    return sorted(names)
+
+
+def verify_payload(signed: SignedRelease, payload: Mapping[str, bytes]) -> VerifiedRelease:
+    """Checks 9-10 (module docstring): sizes, hashes, self-contained ONNX. Pure.
+
+    Args:
+        signed: the result of :func:`verify_metadata`.
+        payload: ``{path: bytes}`` of every signed payload file (immutable ``bytes``).
+
+    Returns:
+        a :class:`VerifiedRelease` whose ``payload`` values are the objects passed in.
+
+    Raises:
+        VerificationError: ``missing-file``, ``extra-file``, ``read`` (not ``bytes``),
+            ``hash`` (every mismatching file listed; ``file`` is the first) or ``onnx``.
+    """
+    _listing_problems([e.path for e in signed.files], payload)
+    mismatched: list[tuple[str, str]] = []
+    for entry in signed.files:
+        data = payload[entry.path]
+        if not isinstance(data, bytes):
+            raise VerificationError(entry.path, "read", f"content must be immutable bytes, got {type(data).__name__}")
+        if len(data) != entry.size:
+            mismatched.append((entry.path, f"size {len(data)} bytes != signed size {entry.size}"))
+            continue
+        digest = hashlib.sha256(data).hexdigest()
+        if not hmac.compare_digest(digest, entry.sha256):
+            mismatched.append((entry.path, f"sha256 {digest} != signed {entry.sha256}"))
+    if mismatched:
+        others = f" (all mismatching files: {[p for p, _ in mismatched]})" if len(mismatched) > 1 else ""
+        raise VerificationError(mismatched[0][0], "hash", mismatched[0][1] + others, tuple(p for p, _ in mismatched))
+    for name in _model_files(signed):
+        check_self_contained(payload[name], name)
+    log.info("verified release %s v%d root %s statement %s (backend %s)", signed.name, signed.version,
+             signed.root_digest, signed.statement_digest[:16], signed.backend)
+    return VerifiedRelease(
+        name=signed.name, version=signed.version, root_digest=signed.root_digest,
+        payload={e.path: payload[e.path] for e in signed.files}, manifest=signed.manifest,
+        metadata=signed.metadata, backend=signed.backend, statement_digest=signed.statement_digest,
+        documents=dict(signed.documents),
+    )
+
+
+def verify_release(files: Mapping[str, bytes], trust: TrustAnchors, *, state: DeviceState | None = None,
+                   config: VerifyConfig = DEFAULT_CONFIG) -> VerifiedRelease:
+    """Verify every file of a release directory against pinned trust anchors. Pure; no I/O.
+
+    Args:
+        files: ``{file name: content}`` of *every* file of the release dir; the values must
+            be immutable ``bytes``.
+        trust: pinned keys and policy (see :class:`TrustAnchors`).
+        state: the device's trusted state (rollback floor); None = a fresh device.
+        config: size caps.
+
+    Returns:
+        a :class:`VerifiedRelease`.
+
+    Raises:
+        VerificationError: the first failed check, with ``.file`` and ``.check`` set
+            (checks listed in the module docstring).
+    """
+    for name, data in files.items():
+        if not isinstance(data, bytes):
+            raise VerificationError(name, "read", f"content must be immutable bytes, got {type(data).__name__}")
+    signed = verify_metadata(files, files.keys(), trust, state=state, config=config)
+    return verify_payload(signed, {e.path: files[e.path] for e in signed.files})
