@@ -50,6 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--network", choices=("isolate", "best-effort", "inherit"), default="best-effort")
     parser.add_argument("--max-context", type=int, default=2048)
+    parser.add_argument("--head-dim", type=int, default=0, help="attention head size when the graph leaves it symbolic")
     args = parser.parse_args(argv)
 
     stdin = sys.stdin.buffer
@@ -83,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         options.inter_op_num_threads = 1
         session = ort.InferenceSession(blobs[0], options, providers=["CPUExecutionProvider"])
         del blobs
-        decoder = dec.KVDecoder(session, max_context=args.max_context)
+        decoder = dec.KVDecoder(session, max_context=args.max_context, head_dim=args.head_dim or None)
     except EOFError:
         return 2
     except Exception as exc:  # noqa: BLE001 -- every failure goes back to the parent

@@ -48,7 +48,7 @@ from .errors import RuntimeSandboxError
 from .llm_decode import SamplingParams
 from .runtime import DEFAULT_MEMORY_LIMIT_BYTES, SandboxedRuntime
 
-__all__ = ["ChatTemplate", "GenerationResult", "LLMRuntime", "LLM_RELEASE_FILES"]
+__all__ = ["ChatTemplate", "GenerationResult", "LLMRuntime", "LLM_RELEASE_FILES", "emit_limit"]
 
 log = logging.getLogger(__name__)
 
@@ -137,17 +137,28 @@ class GenerationResult:
     seconds: float
 
 
+def emit_limit(text: str, done: bool, hold: int) -> int:
+    """How much of the decoded ``text`` may be streamed now: all of it when the generation is
+    done; otherwise not the trailing U+FFFD characters (bytes of a UTF-8 character whose
+    remaining bytes have not been generated yet) and not the last ``hold`` characters (they
+    could begin a stop string; ``hold`` = longest stop string - 1)."""
+    if done:
+        return len(text)
+    return max(0, len(text.rstrip("\ufffd")) - hold)
+
+
 class _Child(SandboxedRuntime):
     """A :class:`SandboxedRuntime` whose child runs :mod:`sealfl.enclave.llm_child`."""
 
-    def __init__(self, model_bytes: bytes, *, max_context: int, **kw) -> None:
+    def __init__(self, model_bytes: bytes, *, max_context: int, head_dim: int, **kw) -> None:
         self._max_context = int(max_context)
+        self._head_dim = int(head_dim)
         super().__init__(model_bytes, **kw)
 
     def _command(self, memory_limit_bytes: int, intra_op_threads: int, network: str) -> list[str]:
         return [sys.executable, "-I", os.path.abspath(_llm_child.__file__), "--memory-limit",
                 str(int(memory_limit_bytes)), "--threads", str(int(intra_op_threads)), "--network", network,
-                "--max-context", str(self._max_context)]
+                "--max-context", str(self._max_context), "--head-dim", str(self._head_dim)]
 
 
 class LLMRuntime:
@@ -157,8 +168,9 @@ class LLMRuntime:
         model_bytes: the verified ONNX model bytes.
         tokenizer_json: the verified ``tokenizer.json`` bytes.
         chat_template: the verified chat template (str).
-        generation: the verified generation settings (``eos_token_ids``, ``bos_token_id``,
-            ``max_context``, optional ``special_tokens`` for the template).
+        generation: the verified generation settings (``eos_token_ids``, ``max_context``,
+            ``head_dim`` when the graph leaves it symbolic, optional ``special_tokens`` for
+            the template).
         memory_limit_bytes, timeout_s, start_timeout_s, intra_op_threads, network: as for
             :class:`~sealfl.enclave.runtime.SandboxedRuntime`.
 
@@ -182,12 +194,16 @@ class LLMRuntime:
             raise ValueError("generation settings need a non-empty list of integer eos_token_ids")
         self.eos_token_ids = [int(e) for e in eos]
         self.max_context = int(generation.get("max_context", 2048))
+        head_dim = generation.get("head_dim", 0)
+        if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 0:
+            raise ValueError("generation setting head_dim must be a non-negative integer")
         special = generation.get("special_tokens") or {}
         if not isinstance(special, Mapping) or any(not isinstance(v, str) for v in special.values()):
             raise ValueError("generation special_tokens must map names to strings")
         self.chat_template = ChatTemplate(chat_template, special)
         threads = intra_op_threads or max(1, min(4, os.cpu_count() or 1))
-        self._child = _Child(model_bytes, max_context=self.max_context, memory_limit_bytes=memory_limit_bytes,
+        self._child = _Child(model_bytes, max_context=self.max_context, head_dim=head_dim,
+                             memory_limit_bytes=memory_limit_bytes,
                              timeout_s=timeout_s, start_timeout_s=start_timeout_s, intra_op_threads=threads,
                              network=network)
         self.pid = self._child.pid
@@ -242,34 +258,45 @@ class LLMRuntime:
         hold = max((len(s) for s in stop_strings), default=1) - 1
         reply = child.send({"op": "generate", "prompt": ids, "params": params.to_dict(),
                             "stop_ids": self.eos_token_ids})
-        while True:
-            tok = reply.get("token")
-            if isinstance(tok, bool) or not isinstance(tok, int):
-                raise child.fail(f"sent a generation reply without a token: {reply}")
-            first = first if first is not None else time.perf_counter() - t0
-            out.append(tok)
-            if reply.get("eos"):
-                finish = "stop"
-            text = self.decode(out)
-            cut = min((text.find(s) for s in stop_strings if s in text), default=-1)
-            if cut >= 0:
-                text = text[:cut]
-                finish = "stop"
-            done = finish == "stop" or bool(reply.get("last"))
-            # emit what cannot change any more: not a partial UTF-8 sequence, not a stop-string prefix
-            safe = len(text) if done else len(text.rstrip("\ufffd")) - (hold if stop_strings else 0)
-            if on_text is not None and safe > emitted:
-                keep_going = on_text(text[emitted:safe])
-                emitted = safe
-                if keep_going is False and not done:
-                    finish = "cancelled"
-                    child.send({"op": "stop"})
+        waiting = True  # the child waits for next/stop after every reply but its last
+        try:
+            while True:
+                waiting = not reply.get("last")
+                tok = reply.get("token")
+                if isinstance(tok, bool) or not isinstance(tok, int):
+                    raise child.fail(f"sent a generation reply without a token: {reply}")
+                first = first if first is not None else time.perf_counter() - t0
+                out.append(tok)
+                if reply.get("eos"):
+                    finish = "stop"
+                text = self.decode(out)
+                cut = min((text.find(s) for s in stop_strings if s in text), default=-1)
+                if cut >= 0:
+                    text = text[:cut]
+                    finish = "stop"
+                done = finish == "stop" or not waiting
+                safe = emit_limit(text, done, hold if stop_strings else 0)
+                if on_text is not None and safe > emitted:
+                    keep_going = on_text(text[emitted:safe])
+                    emitted = safe
+                    if keep_going is False and not done:
+                        finish = "cancelled"
+                        break
+                if done:
+                    if cut < 0 and not reply.get("eos"):
+                        finish = "length"
                     break
-            if done:
-                if cut < 0 and not reply.get("eos"):
-                    finish = "length"
-                break
-            reply = child.send({"op": "next"})
+                reply = child.send({"op": "next"})
+                waiting = False
+        except BaseException:
+            if waiting and child.alive:
+                try:
+                    child.send({"op": "stop"})
+                except RuntimeSandboxError:
+                    pass
+            raise
+        if waiting:
+            child.send({"op": "stop"})
         if finish == "stop" and out and out[-1] in self.eos_token_ids:
             text = self.decode(out)
         return GenerationResult(text, out, len(ids), len(out), finish, first or 0.0, time.perf_counter() - t0)

@@ -17,7 +17,8 @@ layout of llama.cpp's ggml blocks, ggml-quants.c):
   The tied ``lm_head`` and the token embedding (``Q8_0`` in the GGUF) are quantised too,
   8-bit symmetric per block (``w = d * q``, ``q`` in -127..127, stored +128), again the
   GGUF's own form: ``MatMulNBits(bits=8)`` for the head and ``GatherBlockQuantized`` for
-  the embedding lookup.
+  the embedding lookup, which reads the head's tensors through ``Reshape`` nodes, so the
+  tied table is stored once (32 MB for SmolLM2).
 * ``int8`` -- the decoder layers 8-bit in the same asymmetric form (``q`` in 0..255,
   ``d = (max - min) / 255``; Q4_1 blocks map exactly onto this grid, ``q8 = 17 * q4``),
   head and embedding as in ``int4``.
@@ -258,7 +259,7 @@ def quantize_llm(model_bytes_or_proto, scheme: str = "int4") -> bytes:
             nodes.append(helper.make_node("MatMulNBits", [node.input[0], *names], list(node.output),
                                           name=f"{prefix}/MatMulNBits", domain="com.microsoft", K=k, N=n, bits=8,
                                           block_size=BLOCK, accuracy_level=cfg["accuracy_level"]))
-            head = (node.input[1], q, d)
+            head = (node.input[1], q, d, names)
             continue
         try:
             _nbits_node(helper, numpy_helper, prefix, node.input[0], node.output[0], w, cfg["body_bits"],
@@ -273,18 +274,26 @@ def quantize_llm(model_bytes_or_proto, scheme: str = "int4") -> bytes:
             table = node.input[0]
             src = producers.get(table)
             tied = (src is not None and src.op_type == "Transpose" and src.input[0] == head[0]) or table == head[0]
+            names = ("sealfl/embed/q8", "sealfl/embed/scales", "sealfl/embed/zp")
             if tied:
-                q, d = head[1], head[2]
+                # one copy of the tied table in the file: the embedding reads the head's
+                # quantised tensors through Reshape nodes ((N, K/32, 32) -> (N, K), flat -> (N, K/32))
+                vocab, nb, _ = head[1].shape
+                hb, hs, hz = head[3]
+                new_inits += [numpy_helper.from_array(np.array([vocab, nb * BLOCK], np.int64), "sealfl/embed/shape_q"),
+                              numpy_helper.from_array(np.array([vocab, nb], np.int64), "sealfl/embed/shape_s")]
+                final += [helper.make_node("Reshape", [hb, "sealfl/embed/shape_q"], [names[0]], name="sealfl/embed/ReshapeQ"),
+                          helper.make_node("Reshape", [hs, "sealfl/embed/shape_s"], [names[1]], name="sealfl/embed/ReshapeS"),
+                          helper.make_node("Reshape", [hz, "sealfl/embed/shape_s"], [names[2]], name="sealfl/embed/ReshapeZ")]
             elif table in inits:
                 tw = numpy_helper.to_array(inits[table]).astype(np.float32)  # (vocab, hidden)
                 q, d = quantize_sym8_blocks(np.ascontiguousarray(tw.T))
+                vocab, nb, _ = q.shape
+                new_inits += [numpy_helper.from_array(q.reshape(vocab, nb * BLOCK), names[0]),
+                              numpy_helper.from_array(d, names[1]),
+                              numpy_helper.from_array(np.full((vocab, nb), 128, np.uint8), names[2])]
             else:
                 raise QuantizeError(f"embedding {node.name}: its table {table!r} is neither the head weight nor constant")
-            vocab, nb, _ = q.shape
-            names = ("sealfl/embed/q8", "sealfl/embed/scales", "sealfl/embed/zp")
-            new_inits += [numpy_helper.from_array(q.reshape(vocab, nb * BLOCK), names[0]),
-                          numpy_helper.from_array(d, names[1]),
-                          numpy_helper.from_array(np.full((vocab, nb), 128, np.uint8), names[2])]
             final.append(helper.make_node("GatherBlockQuantized", [names[0], "input_ids", names[1], names[2]],
                                           list(node.output), name=f"{node.name}/GatherBlockQuantized",
                                           domain="com.microsoft", gather_axis=0, quantize_axis=1, block_size=BLOCK,
