@@ -29,7 +29,7 @@ from sealfl.common import protocol as P
 from sealfl.common.he import CKKSCodec, CKKSParams
 
 from .aggregate import sum_chunks, validate_frames
-from .bookkeeping import RoundLog
+from .bookkeeping import CampaignDir
 from .errors import NotEnoughPartnersError, SecretKeyPresentError
 from .strategy import EncryptedFedAvg, partner_name
 
@@ -86,7 +86,7 @@ def wait_for_nodes(grid: Grid, n: int, timeout_s: float) -> list[int]:
     return ids
 
 
-def stats_round(grid: Grid, codec: CKKSCodec, cfg: ServerConfig, rlog: RoundLog) -> bytes:
+def stats_round(grid: Grid, codec: CKKSCodec, cfg: ServerConfig, rlog: CampaignDir) -> bytes:
     """Query E([n, Σx, Σx²]) from every partner and add them; returns the aggregate frame."""
     ids = wait_for_nodes(grid, cfg.num_partners, cfg.timeout_s)
     content = RecordDict({P.CONFIG: ConfigRecord({"query": P.QUERY_STATS, **_scalar(cfg.train)})})
@@ -118,8 +118,8 @@ def _scalar(d: dict) -> dict:
 def run_server(grid: Grid, cfg: ServerConfig) -> None:
     """The ServerApp body (see module docstring). Raises what the campaign failed on,
     after recording it in ``status.json``."""
-    rlog = RoundLog(cfg.campaign_dir, cfg.num_rounds)
-    rlog.set_status(status="running", server_has_secret_key=None)
+    rlog = CampaignDir(cfg.campaign_dir, cfg.num_rounds)
+    rlog.begin()
     try:
         codec = CKKSCodec.from_bytes(Path(cfg.public_context).read_bytes(), CKKSParams.from_dict(cfg.ckks),
                                      bytes.fromhex(cfg.context_id))

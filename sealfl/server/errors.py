@@ -13,3 +13,8 @@ class NotEnoughPartnersError(ServerError):
 
 class SecretKeyPresentError(ServerError):
     """The aggregator was handed a CKKS context that holds a secret key: refuse to run."""
+
+
+class CampaignDirError(ServerError):
+    """A file of the campaign directory (``status.json``, ``rounds.jsonl``, the checkpoint)
+    is missing, malformed or inconsistent; the message names the file and the field."""

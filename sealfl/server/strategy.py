@@ -22,9 +22,10 @@ from flwr.serverapp.strategy import FedAvg
 
 from sealfl.common import protocol as P
 from sealfl.common.he import CKKSCodec
+from sealfl.common.testpoints import testpoint
 
 from .aggregate import Validated, sum_chunks, validate_frames
-from .bookkeeping import RoundLog, save_checkpoint
+from .bookkeeping import CampaignDir
 from .errors import NotEnoughPartnersError, SecretKeyPresentError
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,9 @@ class EncryptedFedAvg(FedAvg):
         codec: public CKKS codec of the campaign (must NOT hold the secret key).
         n_params: length of the flat model vector.
         min_partners: fewest valid updates a round may aggregate.
-        round_log: where round records and checkpoints go (optional).
+        round_log: the campaign directory: the round's aggregate is staged in
+            ``aggregate_train`` and committed with its record when the round ends
+            (``aggregate_evaluate``), see :mod:`sealfl.server.bookkeeping` (optional).
         shards: Ray tasks for summation of large models (1 = in-process; on 2 cores the
             2-task Ray sum was slower than in-process at every size in bench/he_bench.py).
     Raises:
@@ -53,7 +56,7 @@ class EncryptedFedAvg(FedAvg):
     """
 
     def __init__(self, codec: CKKSCodec, n_params: int, *, min_partners: int = 2, num_partners: int = 2,
-                 round_log: RoundLog | None = None, shards: int = 1):
+                 round_log: CampaignDir | None = None, shards: int = 1):
         if codec.has_secret_key:
             raise SecretKeyPresentError("the aggregator's CKKS context holds a secret key; give it the public context")
         super().__init__(
@@ -116,6 +119,7 @@ class EncryptedFedAvg(FedAvg):
                 f"({', '.join(accepted) or 'none'}), min_partners={self.min_partners}; rejected: "
                 + "; ".join(f"{k}: {v}" for k, v in rejected.items())
             )
+        testpoint("aggregate", server_round)
         model_ct = sum_chunks(self.codec, valid, self.n_params, shards=self.shards)
         total = float(sum(weights[k] for k in accepted))
         loss = float(sum(losses[k] * weights[k] for k in accepted) / total)
@@ -133,14 +137,14 @@ class EncryptedFedAvg(FedAvg):
                 ciphertext_bytes_in=bytes_in, aggregate_bytes=len(model_ct),
                 fp32_bytes_per_update=4 * self.n_params, aggregate_seconds=time.perf_counter() - t0,
             )
-            save_checkpoint(self.round_log.dir, server_round, model_ct, total, self.stats_ct)
+            self.round_log.stage_checkpoint(server_round, model_ct, total, self.stats_ct)
         log.info("round %d: added %d ciphertexts (%d bytes), rejected %d", server_round, len(accepted), bytes_in, len(rejected))
         metrics = MetricRecord({"train_loss": loss, "accepted": len(accepted), "rejected": len(rejected)})
         return record, metrics
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Pooled test accuracy = Σ correct / Σ n over partners; per-partner figures go
-        to the round log."""
+        to the round record, and the round is committed (checkpoint, record, status)."""
         per: dict[str, dict] = {}
         for msg in replies:
             if msg.has_error():
@@ -150,6 +154,10 @@ class EncryptedFedAvg(FedAvg):
             per[partner_name(msg)] = {"accuracy": float(m["accuracy"]), "loss": float(m["loss"]),
                                       "correct": int(m["correct"]), "n": int(m[P.NUM_EXAMPLES])}
         if not per:
+            if self.round_log is not None:
+                self.round_log.note(pooled_test_accuracy=None, per_partner={},
+                                    round_seconds=time.perf_counter() - self._t_round)
+                self.round_log.end_round(server_round)
             return None
         n = sum(v["n"] for v in per.values())
         acc = sum(v["correct"] for v in per.values()) / max(n, 1)
