@@ -155,6 +155,12 @@ class CliRun:
     def tree(self) -> tuple[int, str]:
         return find_worker(self.proc.pid)
 
+    def kill(self) -> None:
+        """Teardown: SIGKILL the CLI if it still runs (its worker tree follows it)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
     def finish(self, timeout_s: float = 180.0) -> tuple[int, str]:
         """Wait for the CLI to exit; returns ``(exit code, stderr)``."""
         try:

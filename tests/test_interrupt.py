@@ -29,9 +29,26 @@ def consortium(tmp_path_factory):
     return cons, codec
 
 
+@pytest.fixture
+def cli(tmp_path):
+    """``cli(args, pause_at)`` starts the CLI paused at a stage; whatever a failing test
+    leaves running is SIGKILLed at teardown (its worker tree follows it)."""
+    runs = []
+
+    def start(args, pause_at):
+        runs.append(start_cli(args, pause_at, tmp_path))
+        return runs[-1]
+
+    yield start
+    for run in runs:
+        run.kill()
+
+
 def _assert_one_line_no_traceback(stderr: str, signame: str) -> None:
-    lines = [ln for ln in stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("interrupted:"), stderr[-3000:]  # no traceback, no Ray chatter
+    # sealfl's own warnings (e.g. "SimTEE ... is an INSECURE simulation") may precede it;
+    # nothing else: no traceback, no line from Ray or Flower
+    lines = [ln for ln in stderr.splitlines() if ln.strip() and not ln.startswith("WARNING sealfl.")]
+    assert len(lines) == 1 and lines[0].startswith("interrupted:"), stderr[-3000:]
     assert signame in lines[0]
 
 
@@ -56,11 +73,11 @@ def _assert_campaign_interrupted(out, finished: int, sig: int) -> None:
     ("aggregate@2", signal.SIGINT, 1),      # aggregator thread adding round 2's ciphertexts
     ("checkpoint@2", signal.SIGTERM, 1),    # round 2's checkpoint written to a temp file, not renamed
 ])
-def test_kind_campaign_interrupted_at_any_stage_leaves_the_last_finished_round(consortium, tmp_path, stage, sig,
-                                                                                finished):
+def test_kind_campaign_interrupted_at_any_stage_leaves_the_last_finished_round(consortium, cli, tmp_path, stage,
+                                                                                sig, finished):
     cons, _ = consortium
     out = tmp_path / "camp"
-    run = start_cli(["campaign", "run", "-c", cons.dir, "-o", out, "--rounds", 2], stage, tmp_path)
+    run = cli(["campaign", "run", "-c", cons.dir, "-o", out, "--rounds", 2], stage)
     run.wait_paused()
     worker, token = run.tree()
     if stage.startswith("checkpoint"):
@@ -73,7 +90,7 @@ def test_kind_campaign_interrupted_at_any_stage_leaves_the_last_finished_round(c
     assert_tree_gone(token, worker)
 
 
-def test_kind_embedded_ray_listens_on_loopback_only_and_demands_the_token(consortium, tmp_path):
+def test_kind_embedded_ray_listens_on_loopback_only_and_demands_the_token(consortium, cli, tmp_path):
     from sealfl.common.procs import listening_sockets, non_loopback
     from sealfl.platform.simulate import probe_auth
 
@@ -81,7 +98,7 @@ def test_kind_embedded_ray_listens_on_loopback_only_and_demands_the_token(consor
 
     cons, _ = consortium
     out = tmp_path / "camp"
-    run = start_cli(["campaign", "run", "-c", cons.dir, "-o", out, "--rounds", 2], "train@1", tmp_path)
+    run = cli(["campaign", "run", "-c", cons.dir, "-o", out, "--rounds", 2], "train@1")
     paused = run.wait_paused()  # a partner is training: Ray, its agents and the actors are all up
     worker, token = run.tree()
     assert paused["pid"] in run_processes(token, worker)  # the pause is inside a Ray worker of this run
@@ -100,9 +117,13 @@ def test_kind_embedded_ray_listens_on_loopback_only_and_demands_the_token(consor
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    # a driver without the token, on this machine (the loopback is the only way in): it
+    # must use 127.0.0.1 as its own node address too, else Ray maps 127.0.0.1 to the
+    # outward IP, where nothing listens
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("RAY_")}, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     second = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, env=env)
     assert second.returncode != 0 and "RAN" not in second.stdout, second.stdout + second.stderr[-2000:]
+    assert "Unauthenticated" in second.stderr, second.stderr[-2000:]  # refused for want of the token
     run.proc.send_signal(signal.SIGTERM)
     rc, stderr = run.finish()
     assert rc == 143, stderr[-3000:]
@@ -111,10 +132,10 @@ def test_kind_embedded_ray_listens_on_loopback_only_and_demands_the_token(consor
     assert_tree_gone(token, worker)
 
 
-def test_kind_supervisor_killed_with_sigkill_takes_its_tree_and_leaves_a_dead_campaign(consortium, tmp_path):
+def test_kind_supervisor_killed_with_sigkill_takes_its_tree_and_leaves_a_dead_campaign(consortium, cli, tmp_path):
     cons, _ = consortium
     out = tmp_path / "camp"
-    run = start_cli(["campaign", "run", "-c", cons.dir, "-o", out, "--rounds", 2], "checkpoint@2", tmp_path)
+    run = cli(["campaign", "run", "-c", cons.dir, "-o", out, "--rounds", 2], "checkpoint@2")
     run.wait_paused()
     worker, token = run.tree()
     run.proc.send_signal(signal.SIGKILL)  # no handler runs
@@ -147,13 +168,13 @@ def finished_campaign(consortium, tmp_path_factory):
     return camp
 
 
-def test_kind_release_build_interrupted_in_the_gate_query_writes_nothing(consortium, finished_campaign, tmp_path):
+def test_kind_release_build_interrupted_in_the_gate_query_writes_nothing(consortium, finished_campaign, cli, tmp_path):
     cons, _ = consortium
     out = tmp_path / "rel" / "release-v7"
     out.parent.mkdir()
     before = read_register(cons.dir)
-    run = start_cli(["release", "build", "-c", cons.dir, "--campaign", finished_campaign, "-o", out,
-                     "--version", 7, "--max-drop", 1.0], "gate-query", tmp_path)
+    run = cli(["release", "build", "-c", cons.dir, "--campaign", finished_campaign, "-o", out,
+                     "--version", 7, "--max-drop", 1.0], "gate-query")
     run.wait_paused()
     worker, token = run.tree()
     run.proc.send_signal(signal.SIGINT)
@@ -181,9 +202,9 @@ def test_kind_release_build_runs_its_gate_in_a_worker_and_registers_once(consort
     assert not (tmp_path / "again").exists()
 
 
-def test_kind_demo_interrupted_records_its_campaign_and_writes_no_report(tmp_path):
+def test_kind_demo_interrupted_records_its_campaign_and_writes_no_report(cli, tmp_path):
     out = tmp_path / "demo-out"
-    run = start_cli(["demo", "--out", out, "--rounds", 2], "before-ray", tmp_path)
+    run = cli(["demo", "--out", out, "--rounds", 2], "before-ray")
     run.wait_paused()
     worker, token = run.tree()
     run.proc.send_signal(signal.SIGINT)
@@ -195,8 +216,8 @@ def test_kind_demo_interrupted_records_its_campaign_and_writes_no_report(tmp_pat
     assert_tree_gone(token, worker)
 
 
-def test_kind_pause_points_wait_for_an_event_not_a_delay(tmp_path):
+def test_kind_pause_points_wait_for_an_event_not_a_delay(cli, tmp_path):
     # the harness itself: an unknown stage fails fast instead of never pausing
-    run = start_cli(["campaign", "run", "-c", tmp_path / "nothing", "-o", tmp_path / "o"], "no-such-stage", tmp_path)
+    run = cli(["campaign", "run", "-c", tmp_path / "nothing", "-o", tmp_path / "o"], "no-such-stage")
     rc, stderr = run.finish()
     assert rc == 1 and "unknown stage" in " ".join(stderr.split()) and "Traceback" not in stderr

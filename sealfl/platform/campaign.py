@@ -29,7 +29,7 @@ from sealfl.server.bookkeeping import CampaignDir
 from sealfl.server.errors import CampaignDirError
 
 from .consortium import Consortium
-from .errors import CampaignError, Interrupted
+from .errors import CampaignError, Interrupted, signal_name
 from .simulate import plan_ray, ray_environment
 from .supervisor import requested, run_worker
 
@@ -186,7 +186,7 @@ def run_campaign(spec: CampaignSpec, on_round: Callable[[dict], None] | None = N
         raise CampaignError(f"campaign in {cd.dir} did not finish: {status.get('error')} (log: {cd.log_path})")
     if requested():  # the signal came as the last round ended: say so, lose nothing
         raise Interrupted(requested(), f"campaign {cd.dir} had finished all {status.get('num_rounds')} rounds when "
-                                       f"{signal.Signals(requested()).name} arrived; it is complete")
+                                       f"{signal_name(requested())} arrived; it is complete")
     return CampaignResult(cd.dir, status, cd.rounds(), seconds, result.get("ray", {}))
 
 
@@ -194,7 +194,7 @@ def _interrupted(cd: CampaignDir, signum: int) -> Interrupted:
     """Level the directory with its last committed round and record the interruption."""
     rnd = cd.recover()
     cd.mark_interrupted(signum)
-    name = signal.Signals(signum).name
+    name = signal_name(signum)
     where = (f"after round {rnd}; the checkpoint of round {rnd} in {cd.checkpoint_path} is intact" if rnd
              else "before the first round finished")
     return Interrupted(signum, f"campaign {cd.dir} stopped by {name} {where} "

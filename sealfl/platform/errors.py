@@ -35,9 +35,19 @@ class Interrupted(PlatformError):
     def __init__(self, signum: int, message: str = ""):
         self.signum = signum
         self.exit_code = 128 + signum
-        super().__init__(message or f"stopped by signal {signum}")
+        super().__init__(message or f"stopped by {signal_name(signum)}")
 
 
 class WorkerError(SimulationError):
     """The worker process that runs Flower and Ray failed or died; the message says how
     and names its log file."""
+
+
+def signal_name(signum: int) -> str:
+    """``2`` -> ``"SIGINT"`` (``"signal N"`` for numbers without a name)."""
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

@@ -29,7 +29,7 @@ from sealfl.server.errors import CampaignDirError
 
 from . import supervisor
 from .consortium import Consortium
-from .errors import Interrupted, ReleaseError
+from .errors import Interrupted, ReleaseError, signal_name
 from .fedeval import federated_evaluate
 from .quantize import quantize_int8
 from .register import check_new_version, mark_issued, read_register, reserve, unreserve
@@ -163,9 +163,14 @@ def release(consortium_dir: str | Path, campaign_dir: str | Path, out_dir: str |
     mean, std = mean_std(keys.decrypt(ckpt["stats_ct"]))
     fp32 = task.to_onnx(params, mean, std)
     int8 = quantize_int8(fp32)
-    supervisor.check()
-    acc = federated_evaluate(cons, {"fp32": fp32, "int8": int8}, ray_address=ray_address, client_app=client_app,
-                             client_app_kwargs=client_app_kwargs, app_dir=app_dir)
+    try:
+        supervisor.check()
+        acc = federated_evaluate(cons, {"fp32": fp32, "int8": int8}, ray_address=ray_address,
+                                 client_app=client_app, client_app_kwargs=client_app_kwargs, app_dir=app_dir)
+    except Interrupted as exc:
+        raise Interrupted(exc.signum, f"release build stopped by {signal_name(exc.signum)} while the partners "
+                                      f"evaluated the candidates; nothing was written and version {version} "
+                                      "is still free") from None
     check_gate(acc["fp32"]["pooled"], acc["int8"]["pooled"], max_drop)
     metadata = {
         "model_file": MODEL_FILE,

@@ -224,7 +224,10 @@ class CampaignDir:
     def mark_interrupted(self, signum: int) -> dict:
         """Record that a signal stopped the campaign (after :meth:`recover`)."""
         rnd = int(self.status.get("round", 0))
-        name = signal.Signals(signum).name if signum in signal.Signals._value2member_map_ else f"signal {signum}"
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = "a signal"
         after = (f"after round {rnd}; the checkpoint of round {rnd} is intact" if rnd
                  else "before the first round finished; there is no checkpoint")
         self.status.update(status="interrupted", error=f"stopped by {name} (signal {signum}) {after}",
