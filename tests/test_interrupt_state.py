@@ -394,3 +394,16 @@ def test_kind_checkpoint_file_written_by_hand_is_still_checked(tmp_path):
         z.writestr("model_ct.npy", b"garbage")
     with pytest.raises(CampaignDirError, match="global.npz"):
         bookkeeping.load_checkpoint(tmp_path)
+
+
+def test_kind_the_supervising_process_never_imports_ray_or_flowers_runtime():
+    # Flower's simulation runtime (flwr.simulation, the vce backend) and Ray stay in the worker
+    code = ("import sys\n"
+            "import sealfl.platform.cli, sealfl.platform.campaign, sealfl.platform.fedeval, sealfl.platform.release\n"
+            "import sealfl.platform.demo, sealfl.platform.supervisor, sealfl.platform.progress\n"
+            "print(' '.join(sorted(m for m in sys.modules if m == 'ray' or m.startswith(('ray.', 'flwr.simulation', \n"
+            "                                                                           'flwr.server.superlink.fleet.vce')))))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": REPO}, check=True)
+    assert out.stdout.split() == []
+

@@ -74,8 +74,8 @@ def interruptible() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {s: signal.signal(s, _on_signal) for s in SIGNALS}
     _received.clear()
+    previous = {s: signal.signal(s, _on_signal) for s in SIGNALS}
     try:
         yield
     finally:

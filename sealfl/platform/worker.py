@@ -116,6 +116,8 @@ def main(argv: list[str]) -> None:
     _reaper_pipe = _start_reaper()  # noqa: F841 - kept open for the lifetime of this process
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for chatty in ("alembic", "filelock"):  # Flower's in-memory state set-up logs its plugins at INFO
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     job = json.loads(Path(argv[0]).read_text())
     code = 0
     try:

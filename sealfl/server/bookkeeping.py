@@ -170,12 +170,13 @@ class CampaignDir:
             raise CampaignDirError(f"{self.dir} is a file; give a directory for the campaign")
         if self.exists():
             try:
-                v = self.view()
+                old = self.read_status()
             except CampaignDirError:
-                v = None
-            if v is not None and v.state in ACTIVE and not v.note.startswith("running on host"):
-                raise CampaignDirError(f"{self.dir} holds a campaign that is still {v.state} (round {v.round}); "
-                                       "stop it first ('campaign status' shows it)")
+                old = {}
+            owner = old.get("owner") or ({"pid": old["pid"]} if old.get("pid") else None)
+            if old.get("status") in ACTIVE and owner and identity_alive(owner) is True:
+                raise CampaignDirError(f"{self.dir} holds a campaign that is still {old['status']} (process "
+                                       f"{owner['pid']}); stop it first ('campaign status' shows it)")
             if not overwrite:
                 raise CampaignDirError(f"{self.dir} already holds a campaign (a release may have been built from it); "
                                        "choose a new --out or pass --overwrite")
