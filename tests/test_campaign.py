@@ -11,7 +11,7 @@ from sealfl.platform.campaign import CampaignSpec, run_campaign
 from sealfl.platform.consortium import create_consortium
 from sealfl.platform.errors import CampaignError, SimulationError
 
-from faults import TESTS_DIR
+from faults import TESTS_DIR, run_processes
 
 pytestmark = pytest.mark.slow
 
@@ -42,6 +42,9 @@ def test_two_round_campaign_improves_over_round0(consortium, tmp_path):
     acc0 = _round0_accuracy()
     assert res.rounds[-1]["pooled_test_accuracy"] > acc0 + 0.1
     assert (tmp_path / "camp" / "checkpoint" / "global.npz").exists()
+    assert res.ray["auth"] == "token" and res.ray["loopback_only"] is True
+    # nothing of the run is left: Ray's agents stay in the worker's session, which must be empty
+    assert run_processes("-", res.status["worker"]["pid"]) == []
 
 
 def test_garbage_ciphertext_is_rejected_and_round_goes_on(consortium, tmp_path):
