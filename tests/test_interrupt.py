@@ -6,6 +6,7 @@ run survives."""
 import json
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +18,7 @@ from sealfl.platform.register import read_register
 from sealfl.platform.release import provision_release_enclave
 from sealfl.server.bookkeeping import CampaignDir, save_checkpoint
 
-from faults import assert_tree_gone, hidden_files, run_cli, start_cli
+from faults import assert_tree_gone, hidden_files, run_cli, start_cli, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -138,9 +139,12 @@ def test_kind_supervisor_killed_with_sigkill_takes_its_tree_and_leaves_a_dead_ca
     run = cli(["campaign", "run", "-c", cons.dir, "-o", out, "--rounds", 2], "checkpoint@2")
     run.wait_paused()
     worker, token = run.tree()
+    run_dir = Path(open(f"/proc/{worker}/cmdline").read().split("\0")[3]).parent  # worker ... JOB.json
+    assert run_dir.name.startswith("sealfl-run-") and (run_dir / "ray").is_dir()
     run.proc.send_signal(signal.SIGKILL)  # no handler runs
     run.finish()
     assert_tree_gone(token, worker)  # worker: PR_SET_PDEATHSIG; Ray's processes: the reaper
+    wait_until(lambda: not run_dir.exists(), "the reaper to remove the run directory")
     cd = CampaignDir(out)
     assert cd.read_status()["status"] == "running"  # nobody could record anything ...
     assert cd.read_checkpoint().round == 1  # ... yet the committed state is round 1, whole

@@ -11,17 +11,20 @@ block ``/proc/PID/environ`` shows, so neither mark alone finds every process.
 Process identity is ``(pid, start time)`` (field 22 of ``/proc/PID/stat``, clock ticks
 since boot), so a recycled pid is never mistaken for the original owner.
 
-``python -m sealfl.common.procs reap FD TOKEN SID`` is the reaper: it blocks reading
-pipe ``FD`` whose write end only the worker holds; when the worker dies -- even by
-SIGKILL, even when its supervisor was SIGKILLed and the worker followed through
-``PR_SET_PDEATHSIG`` -- the read returns EOF and the reaper kills the rest of the run
-(Ray's agents otherwise outlive a killed raylet by about a minute, measured here).
+``python -m sealfl.common.procs reap FD TOKEN SID RUN_DIR SUP_PID SUP_START`` is the
+reaper: it blocks reading pipe ``FD`` whose write end only the worker holds; when the
+worker dies -- even by SIGKILL, even when its supervisor was SIGKILLed and the worker
+followed through ``PR_SET_PDEATHSIG`` -- the read returns EOF and the reaper kills the
+rest of the run (Ray's agents otherwise outlive a killed raylet by about a minute,
+measured here). If the supervisor is gone too, it removes the run directory, which
+nobody else would.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -206,7 +209,8 @@ def non_loopback(sockets: dict[int, list[tuple[str, int]]]) -> list[tuple[int, s
 # -- the reaper ---------------------------------------------------------------------------
 
 def _reap_main(argv: list[str]) -> int:
-    fd, token, sid = int(argv[0]), argv[1], int(argv[2])
+    fd, token, sid, run_dir = int(argv[0]), argv[1], int(argv[2]), argv[3]
+    supervisor = {"pid": int(argv[4]), "start": int(argv[5])}
     while True:
         try:
             if not os.read(fd, 1):
@@ -215,12 +219,15 @@ def _reap_main(argv: list[str]) -> int:
             continue
         except OSError:
             break
-    kill_run(token, sid, deadline_s=30.0)
+    left = kill_run(token, sid, deadline_s=30.0)
+    if not left and identity_alive(supervisor) is False:
+        # nobody will read the run's result: remove its directory (job, Ray's session files)
+        shutil.rmtree(run_dir, ignore_errors=True)
     return 0
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "reap":
+    if len(sys.argv) == 8 and sys.argv[1] == "reap":
         sys.exit(_reap_main(sys.argv[2:]))
-    sys.stderr.write("usage: python -m sealfl.common.procs reap FD TOKEN SID\n")
+    sys.stderr.write("usage: python -m sealfl.common.procs reap FD TOKEN SID RUN_DIR SUPERVISOR_PID SUPERVISOR_START\n")
     sys.exit(2)

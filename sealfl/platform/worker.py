@@ -101,11 +101,16 @@ def _die_with_supervisor() -> None:
         os._exit(70)
 
 
-def _start_reaper() -> int:
-    """Start the reaper; returns the write end of its pipe (held until this process dies)."""
+def _start_reaper(run_dir: str) -> int:
+    """Start the reaper (:mod:`sealfl.common.procs`); returns the write end of its pipe,
+    held until this process dies."""
+    from sealfl.common.procs import read_stat
+
+    sup = read_stat(os.getppid())
     r, w = os.pipe()
     subprocess.Popen([sys.executable, "-m", "sealfl.common.procs", "reap", str(r), os.environ["SEALFL_RUN_TOKEN"],
-                      str(os.getsid(0))], pass_fds=(r,), stdin=subprocess.DEVNULL, close_fds=True)
+                      str(os.getsid(0)), run_dir, str(os.getppid()), str(sup.start if sup else 0)],
+                     pass_fds=(r,), stdin=subprocess.DEVNULL, close_fds=True)
     os.close(r)
     return w
 
@@ -113,7 +118,7 @@ def _start_reaper() -> int:
 def main(argv: list[str]) -> None:
     """Entry point; never returns (``os._exit`` so no Flower/Ray thread can hold the exit)."""
     _die_with_supervisor()
-    _reaper_pipe = _start_reaper()  # noqa: F841 - kept open for the lifetime of this process
+    _reaper_pipe = _start_reaper(str(Path(argv[0]).parent))  # noqa: F841 - open for this process's lifetime
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for chatty in ("alembic", "filelock"):  # Flower's in-memory state set-up logs its plugins at INFO

@@ -31,6 +31,9 @@ when no writer is alive) brings ``rounds.jsonl`` and ``status.json`` level with 
 it drops a partial last line, appends the record a kill between steps 1 and 2 lost,
 and deletes temporary files. Nothing here is secret: the aggregator only holds
 ciphertexts.
+
+Parsing every file back and deciding a campaign's state are pure functions in
+:mod:`sealfl.server.campaign_files`; this module does the I/O around them.
 """
 
 from __future__ import annotations
