@@ -136,6 +136,9 @@ def run_campaign(spec: CampaignSpec, on_round: Callable[[dict], None] | None = N
     """
     cons, min_partners = preflight(spec)
     plan = plan_ray(spec.ray_address, spec.cpus_per_partner)
+    if requested():
+        raise Interrupted(requested(), f"campaign stopped by {signal_name(requested())} before it started; "
+                                       f"nothing was written to {spec.out_dir}")
     cd = CampaignDir(spec.out_dir)
     try:
         cd.prepare(spec.rounds, overwrite=spec.overwrite, owner=identity())

@@ -111,13 +111,13 @@ def campaign_run(
     """Run an encrypted FedAvg campaign (Flower simulation engine on Ray, in a worker
     process tree; Ctrl-C or SIGTERM stop it at any moment: exit 130 / 143 with
     status.json saying 'interrupted' after the last finished round)."""
-    from .campaign import CampaignSpec
-    from .progress import run_campaign_with_progress
+    with interruptible():  # a signal is acted on where it is safe, from the first import on
+        from .campaign import CampaignSpec
+        from .progress import run_campaign_with_progress
 
-    spec = CampaignSpec(str(consortium), str(out), rounds=rounds, local_epochs=local_epochs, lr=lr,
-                        min_partners=min_partners, ray_address=ray_address, overwrite=overwrite,
-                        flower_log_level="INFO" if VERBOSE["on"] else "WARNING")
-    with interruptible():
+        spec = CampaignSpec(str(consortium), str(out), rounds=rounds, local_epochs=local_epochs, lr=lr,
+                            min_partners=min_partners, ray_address=ray_address, overwrite=overwrite,
+                            flower_log_level="INFO" if VERBOSE["on"] else "WARNING")
         try:
             res = run_campaign_with_progress(spec, console)
         except Interrupted as exc:
@@ -205,9 +205,9 @@ def release_build(
 ) -> None:
     """Decrypt the final model in the release enclave, export ONNX, quantize to INT8, gate
     on accuracy, and write a signed, attested release."""
-    from .release import release
-
     with interruptible():
+        from .release import release
+
         try:
             with console.status("decrypting in the release enclave; partners score the fp32 and INT8 candidates…"):
                 res = release(consortium, campaign, out, version=version, max_drop=max_drop, ray_address=ray_address)
@@ -334,9 +334,9 @@ def demo(
     """The whole path on the real four-hospital data: consortium -> encrypted campaign on Ray
     -> INT8 release (signed, attested) -> device boot -> on-device inference; prints a
     table and writes OUT/report.json."""
-    from .demo import run_demo
-
     with interruptible():
+        from .demo import run_demo
+
         try:
             run_demo(out, rounds=rounds, ray_address=ray_address, console=console)
         except Interrupted as exc:
