@@ -66,7 +66,7 @@ def test_too_few_valid_partners_fails_clearly(consortium, tmp_path):
     assert status["status"] == "failed" and "min_partners=3" in status["error"]
 
 
-def test_kind_attached_cluster_protection_is_measured_and_recorded(consortium, tmp_path):
+def test_kind_attached_cluster_protection_is_measured_and_recorded(consortium, tmp_path, caplog):
     # a Ray started without RAY_AUTH_MODE=token: the campaign runs on it, and says it is open
     import ray
 
@@ -79,6 +79,7 @@ def test_kind_attached_cluster_protection_is_measured_and_recorded(consortium, t
                            "loopback_only": None}
         assert res.status["ray"] == res.ray  # the campaign record says how its Ray was protected
         assert "WITHOUT authentication" in (tmp_path / "camp" / "worker.log").read_text()
+        assert any("authentication 'none'" in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)
     finally:
         ray.shutdown()
 

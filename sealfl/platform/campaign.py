@@ -159,8 +159,11 @@ def run_campaign(spec: CampaignSpec, on_round: Callable[[dict], None] | None = N
            "num_supernodes": n, "client_app": client_app, "client_app_kwargs": client_app_kwargs or {},
            "app_dir": app_dir, "ray": plan, "flower_log_level": spec.flower_log_level}
     seen = [0]
+    ray_told = [False]
 
     def tick() -> None:
+        if not ray_told[0]:
+            ray_told[0] = _tell_ray_protection(cd)
         if on_round is None:
             return
         rounds = cd.rounds()
@@ -191,6 +194,25 @@ def run_campaign(spec: CampaignSpec, on_round: Callable[[dict], None] | None = N
         raise Interrupted(requested(), f"campaign {cd.dir} had finished all {status.get('num_rounds')} rounds when "
                                        f"{signal_name(requested())} arrived; it is complete")
     return CampaignResult(cd.dir, status, cd.rounds(), seconds, result.get("ray", {}))
+
+
+def _tell_ray_protection(cd: CampaignDir) -> bool:
+    """Once the worker recorded which Ray it runs on, say how that Ray is protected
+    (a warning if it accepts unauthenticated drivers). Returns True once told."""
+    try:
+        ray = cd.read_status().get("ray")
+    except CampaignDirError:
+        return False
+    if not isinstance(ray, dict):
+        return False
+    if ray.get("auth") == "token":
+        log.info("Ray at %s: token authentication%s", ray.get("gcs_address"),
+                 ", loopback only" if ray.get("loopback_only") else "")
+    else:
+        log.warning("the Ray cluster at %s runs this campaign with authentication %r: anyone who can reach it can "
+                    "run code there, next to the partners' kits; start it with RAY_AUTH_MODE=token",
+                    ray.get("gcs_address"), ray.get("auth"))
+    return True
 
 
 def _interrupted(cd: CampaignDir, signum: int) -> Interrupted:
