@@ -141,7 +141,7 @@ def make_app(consortium_dir: str, **kwargs) -> ClientApp:
         faults: ``{partition id: mode}`` (modes in the module docstring).
         pad_bytes: size of the unknown field of ``padded-chunk`` (default 64 MiB).
     """
-    faults = dict(kwargs.get("faults", {}))
+    faults = {int(k): v for k, v in dict(kwargs.get("faults", {})).items()}  # JSON keys arrive as strings
     pad_bytes = int(kwargs.get("pad_bytes", 64 << 20))
     try:  # Ray workers cannot import tests/: ship this module's code with the app
         import sys

@@ -1,5 +1,7 @@
 """Campaigns on real Ray with real Flower apps, on the real four-hospital data."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -8,6 +10,8 @@ from sealfl.clients.task import HeartTask
 from sealfl.platform.campaign import CampaignSpec, run_campaign
 from sealfl.platform.consortium import create_consortium
 from sealfl.platform.errors import CampaignError, SimulationError
+
+from faults import TESTS_DIR, run_processes
 
 pytestmark = pytest.mark.slow
 
@@ -38,49 +42,15 @@ def test_two_round_campaign_improves_over_round0(consortium, tmp_path):
     acc0 = _round0_accuracy()
     assert res.rounds[-1]["pooled_test_accuracy"] > acc0 + 0.1
     assert (tmp_path / "camp" / "checkpoint" / "global.npz").exists()
-
-
-def _faulty_app(consortium_dir, bad_partition, mode):
-    """The partner app, except that one partner sends a broken update."""
-    from flwr.app import Array
-    from flwr.clientapp import ClientApp
-
-    from sealfl.clients import app as capp
-
-    app = ClientApp()
-
-    @app.query()
-    def q(msg, ctx):
-        return capp.handle_query(msg, ctx, consortium_dir)
-
-    @app.train()
-    def t(msg, ctx):
-        reply = capp.handle_train(msg, ctx, consortium_dir)
-        if int(ctx.node_config["partition-id"]) in bad_partition:
-            good = reply.content["update"]["update_ct"].numpy()
-            if mode == "garbage":
-                bad = np.random.default_rng(0).integers(0, 256, len(good), dtype=np.uint8)
-            else:  # truncated
-                bad = good[: len(good) // 2].copy()
-            reply.content["update"]["update_ct"] = Array(bad)
-            # the partner itself sends it: signed with its own key, so the ciphertext checks must catch it
-            from sealfl.clients.kit import kit_dir, load_kit
-
-            capp.sign_reply(load_kit(str(kit_dir(consortium_dir, reply.content["partner"]["name"]))), msg,
-                            reply.content)
-        return reply
-
-    @app.evaluate()
-    def e(msg, ctx):
-        return capp.handle_evaluate(msg, ctx, consortium_dir)
-
-    return app
+    assert res.ray["auth"] == "token" and res.ray["loopback_only"] is True
+    # nothing of the run is left: Ray's agents stay in the worker's session, which must be empty
+    assert run_processes("-", res.status["worker"]["pid"]) == []
 
 
 def test_garbage_ciphertext_is_rejected_and_round_goes_on(consortium, tmp_path):
-    app = _faulty_app(str(consortium.dir), {1}, "garbage")
     res = run_campaign(CampaignSpec(str(consortium.dir), str(tmp_path / "camp"), rounds=1, min_partners=3),
-                       client_app=app)
+                       client_app="faults:make_broken_update_app",
+                       client_app_kwargs={"bad_partitions": [1], "mode": "garbage"}, app_dir=TESTS_DIR)
     (r,) = res.rounds
     assert r["accepted"] == sorted(set(HOSPITALS) - {HOSPITALS[1]})
     assert list(r["rejected"]) == [HOSPITALS[1]]
@@ -89,20 +59,28 @@ def test_garbage_ciphertext_is_rejected_and_round_goes_on(consortium, tmp_path):
 
 
 def test_too_few_valid_partners_fails_clearly(consortium, tmp_path):
-    app = _faulty_app(str(consortium.dir), {0, 1}, "truncated")
     with pytest.raises(CampaignError, match="min_partners=3"):
         run_campaign(CampaignSpec(str(consortium.dir), str(tmp_path / "camp"), rounds=1, min_partners=3),
-                     client_app=app)
+                     client_app="faults:make_broken_update_app",
+                     client_app_kwargs={"bad_partitions": [0, 1], "mode": "truncated"}, app_dir=TESTS_DIR)
+    status = json.loads((tmp_path / "camp" / "status.json").read_text())
+    assert status["status"] == "failed" and "min_partners=3" in status["error"]
 
 
-def test_campaign_joins_a_running_ray(consortium, tmp_path):
+def test_kind_attached_cluster_protection_is_measured_and_recorded(consortium, tmp_path, caplog):
+    # a Ray started without RAY_AUTH_MODE=token: the campaign runs on it, and says it is open
     import ray
 
     ctx = ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        res = run_campaign(CampaignSpec(str(consortium.dir), str(tmp_path / "camp"), rounds=1))
+        gcs = ctx.address_info["gcs_address"]
+        res = run_campaign(CampaignSpec(str(consortium.dir), str(tmp_path / "camp"), rounds=1, ray_address=gcs))
         assert res.status["status"] == "finished"
-        assert res.ray == {"gcs_address": ctx.address_info["gcs_address"], "started_here": False}
+        assert res.ray == {"gcs_address": gcs, "started_here": False, "mode": "attach", "auth": "none",
+                           "loopback_only": None}
+        assert res.status["ray"] == res.ray  # the campaign record says how its Ray was protected
+        assert "WITHOUT authentication" in (tmp_path / "camp" / "worker.log").read_text()
+        assert any("authentication 'none'" in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)
     finally:
         ray.shutdown()
 
@@ -124,34 +102,6 @@ def test_campaign_refuses_to_overwrite_a_campaign(consortium, tmp_path):
     (out / "status.json").write_text('{"status": "finished"}')
     with pytest.raises(CampaignError, match="--overwrite"):
         run_campaign(CampaignSpec(str(consortium.dir), str(out), rounds=1))
-
-
-def test_ctrl_c_stops_the_campaign_and_records_it(consortium, tmp_path):
-    import json
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    out = tmp_path / "camp"
-    proc = subprocess.Popen([sys.executable, "-m", "sealfl.platform.cli", "campaign", "run", "-c", str(consortium.dir),
-                             "-o", str(out), "--rounds", "500"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if (out / "rounds.jsonl").exists():
-                break
-            time.sleep(0.5)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 130, err.decode(errors="replace")[-3000:]
-    status = json.loads((out / "status.json").read_text())
-    assert status["status"] == "interrupted" and "signal 2" in status["error"]
-    assert (out / "checkpoint" / "global.npz").exists()
 
 
 def test_campaign_dir_may_not_overlap_the_consortium(consortium):

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-import faults_partner
+from faults import TESTS_DIR
 from sealfl.clients.data import HOSPITALS, load_partitions
 from sealfl.clients.stats import local_sums, mean_std
 from sealfl.clients.task import HeartTask
@@ -30,9 +30,9 @@ def consortium(tmp_path_factory):
 
 def test_kind_bad_train_replies_on_ray_are_refused_and_the_campaign_finishes(consortium, tmp_path):
     # Hungary sends num-examples = NaN, Switzerland a scale-2^30 ciphertext: two rounds with the other two
-    app = faults_partner.make_app(str(consortium.dir), faults={1: "nan-examples", 2: "scale-2^30"})
     res = run_campaign(CampaignSpec(str(consortium.dir), str(tmp_path / "camp"), rounds=2, min_partners=2),
-                       client_app=app)
+                       client_app="faults_partner:make_app",
+                       client_app_kwargs={"faults": {1: "nan-examples", 2: "scale-2^30"}}, app_dir=TESTS_DIR)
     assert res.status["status"] == "finished"
     for r in res.rounds:
         assert r["accepted"] == [C, V]
@@ -45,9 +45,10 @@ def test_kind_bad_train_replies_on_ray_are_refused_and_the_campaign_finishes(con
 def test_kind_impostor_and_padded_reply_on_ray(consortium, tmp_path):
     # VA Long Beach claims to be Cleveland (signed with its own key); Hungary pads its
     # ciphertext with an 8 MiB unknown field inside the chunk
-    app = faults_partner.make_app(str(consortium.dir), faults={3: "impostor", 1: "padded-chunk"}, pad_bytes=8 << 20)
     res = run_campaign(CampaignSpec(str(consortium.dir), str(tmp_path / "camp"), rounds=1, min_partners=2),
-                       client_app=app)
+                       client_app="faults_partner:make_app",
+                       client_app_kwargs={"faults": {3: "impostor", 1: "padded-chunk"}, "pad_bytes": 8 << 20},
+                       app_dir=TESTS_DIR)
     (r,) = res.rounds
     assert r["stats_partners"] == [C, H, S]
     (who, why), = r["stats_rejected"].items()
@@ -60,9 +61,9 @@ def test_kind_impossible_gate_counts_stop_the_release(consortium):
     parts = load_partitions()
     mean, std = mean_std(sum(local_sums(p.x_train) for p in parts))
     model = HeartTask().to_onnx(np.zeros(14), mean, std)
-    app = faults_partner.make_app(str(consortium.dir), faults={2: "gate-correct-above-n"})
     with pytest.raises(ReleaseError) as err:
-        federated_evaluate(consortium, {"fp32": model, "int8": model}, client_app=app)
+        federated_evaluate(consortium, {"fp32": model, "int8": model}, client_app="faults_partner:make_app",
+                           client_app_kwargs={"faults": {2: "gate-correct-above-n"}}, app_dir=TESTS_DIR)
     msg = str(err.value)
     assert S in msg and "int8.correct: 900 is outside [0, 60]" in msg and "not releasing" in msg
     # and the honest run pools to a number that is an accuracy

@@ -38,6 +38,7 @@ from sealfl.attestation import keys as _keys
 from sealfl.common import protocol as P
 from sealfl.common.decrypted import check_weight, open_model, open_stats, round_metric
 from sealfl.common.errors import CiphertextError
+from sealfl.common.testpoints import testpoint
 
 from .data import load_partition
 from .errors import ClientError
@@ -171,6 +172,7 @@ def handle_train(msg: Message, context: Context, consortium_dir: str | None = No
     kit, name, cfg, part, (params, mean, std) = _open_round(msg, context, consortium_dir)
     tc = _train_config(cfg)
     rnd = int(cfg.get("server-round", 0))
+    testpoint("train", rnd)
     new, metrics = TASK.train(params, part.x_train, part.y_train, mean, std, tc, tc.seed + 1000 * rnd + kit.index)
     n = part.n_train
     blob = kit.codec.encrypt(new * n)
@@ -199,6 +201,7 @@ def handle_evaluate(msg: Message, context: Context, consortium_dir: str | None =
 
 def _evaluate_candidates(msg: Message, name: str) -> Message:
     """Score each candidate ONNX model on this partner's test split; reply counts only."""
+    testpoint("gate-query")
     metrics: dict[str, int] = {}
     for cand, arr in msg.content[P.CANDIDATES].items():
         r = evaluate_onnx(name, P.from_u8(arr.numpy()), seed=int(msg.content[P.CONFIG].get("data-seed", 42)))

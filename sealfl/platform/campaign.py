@@ -1,19 +1,20 @@
 """Campaigns: rounds of encrypted FedAvg run through Flower's simulation engine on Ray.
 
-Ray: see :mod:`sealfl.platform.simulate` (embedded local Ray by default,
-``ray_address`` / ``RAY_ADDRESS`` attaches to an existing cluster).
-
-The aggregator writes everything to ``<out>/`` (see :mod:`sealfl.server.bookkeeping`);
-:func:`run_campaign` watches ``rounds.jsonl`` to report progress and raises
-:class:`CampaignError` with the aggregator's recorded error if the campaign failed.
+:func:`run_campaign` prepares the campaign directory (:class:`~sealfl.server.bookkeeping.CampaignDir`),
+runs the aggregator and the partners in a worker process tree
+(:mod:`sealfl.platform.supervisor`; Ray: :mod:`sealfl.platform.simulate`), reports
+progress from ``rounds.jsonl`` and, once that tree is gone, reads the outcome. Stopped
+by a signal, it brings the directory level with the last committed round, records
+``interrupted`` and raises :class:`~sealfl.platform.errors.Interrupted`; the process
+tree is gone by then, so nothing else writes the directory.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import logging
-import threading
+import os
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,13 +22,17 @@ from typing import Callable
 
 from sealfl.clients.data import N_FEATURES
 from sealfl.clients.task import HeartTask
-from sealfl.server.app import ServerConfig, make_server_app
-from sealfl.server.bookkeeping import RoundLog
+from sealfl.common.errors import SealflError
+from sealfl.common.procs import identity
+from sealfl.server.app import ServerConfig
+from sealfl.server.bookkeeping import CampaignDir
+from sealfl.server.errors import CampaignDirError
 
 from .consortium import Consortium
-from .errors import CampaignError
+from .errors import CampaignError, Interrupted, signal_name
 from .partner_keys import partner_public_keys
-from .simulate import run_on_ray
+from .simulate import plan_ray, ray_environment
+from .supervisor import requested, run_worker
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +43,13 @@ class CampaignSpec:
 
     Attributes:
         consortium_dir: directory written by ``sealfl consortium create``.
-        out_dir: campaign directory (must not hold a finished campaign).
+        out_dir: campaign directory (must not hold a campaign unless ``overwrite``).
         rounds: training rounds.
         local_epochs, lr, batch_size: local training settings sent to partners.
         min_partners: fewest valid updates per round (default: all but one, at least 2).
         ray_address: attach to this Ray cluster (``None``: ``RAY_ADDRESS`` or a local Ray).
         cpus_per_partner: Ray CPUs reserved per simulated SuperNode.
-        overwrite: replace an earlier campaign in ``out_dir`` (else refuse).
+        overwrite: replace an earlier, not running campaign in ``out_dir`` (else refuse).
         flower_log_level: level of Flower's console handler (its INFO is chatty).
         max_examples: cap on the row count any partner may declare (the aggregator
             refuses larger ones; see :class:`sealfl.server.validation.ReplyLimits`).
@@ -70,8 +75,7 @@ class CampaignSpec:
 @dataclass
 class CampaignResult:
     """What a finished campaign left in ``out_dir``: its status and per-round records, and
-    which Ray ran it (``{"gcs_address", "started_here"}``; Flower's simulation engine
-    disconnects from Ray when the run ends)."""
+    which Ray ran it (``{"gcs_address", "started_here", "mode", "auth", "loopback_only"}``)."""
 
     out_dir: Path
     status: dict
@@ -90,6 +94,8 @@ def check_spec(spec: CampaignSpec, num_partners: int, min_partners: int) -> None
         raise CampaignError(f"learning rate must be a positive finite number, got {spec.lr}")
     if isinstance(spec.max_examples, bool) or not isinstance(spec.max_examples, int) or spec.max_examples < 1:
         raise CampaignError(f"max_examples must be a positive integer, got {spec.max_examples!r}")
+    if not (math.isfinite(spec.cpus_per_partner) and spec.cpus_per_partner > 0):
+        raise CampaignError(f"cpus per partner must be a positive finite number, got {spec.cpus_per_partner}")
 
 
 def preflight(spec: CampaignSpec) -> tuple[Consortium, int]:
@@ -106,97 +112,122 @@ def preflight(spec: CampaignSpec) -> tuple[Consortium, int]:
         raise CampaignError(f"the campaign directory {spec.out_dir} overlaps the consortium directory; keep them apart")
     if out.exists() and not out.is_dir():
         raise CampaignError(f"{spec.out_dir} is a file; give a directory for the campaign")
-    if (out / "status.json").exists() and not spec.overwrite:
+    cd = CampaignDir(out)
+    if cd.exists() and not spec.overwrite:
         raise CampaignError(f"{spec.out_dir} already holds a campaign (a release may have been built from it); "
                             "choose a new --out or pass --overwrite")
     return cons, min_partners
 
 
-def run_campaign(spec: CampaignSpec, on_round: Callable[[dict], None] | None = None, client_app=None) -> CampaignResult:
+def run_campaign(spec: CampaignSpec, on_round: Callable[[dict], None] | None = None, *,
+                 client_app: str | None = None, client_app_kwargs: dict | None = None,
+                 app_dir: str | None = None) -> CampaignResult:
     """Run a campaign to the end.
 
     Args:
         spec: what to run.
-        on_round: called with each round's record as it is written (progress display).
-        client_app: a ClientApp to use instead of the partner app (tests inject faults).
+        on_round: called with each round's record once it is committed (progress display).
+        client_app: ``"module:factory"`` building the ClientApp as
+            ``factory(consortium_dir, **client_app_kwargs)`` in the worker (default: the
+            partner app, ``sealfl.clients.app:make_client_app``; tests inject faults).
+        app_dir: directory put first on ``sys.path`` / ``PYTHONPATH`` so that module imports
+            in the worker and in Ray's workers.
     Raises:
         ConsortiumError: ``spec.consortium_dir`` is not a consortium.
-        CampaignError: bad settings, ``out_dir`` holds an earlier campaign, or the
-            aggregator recorded a failure (message says which and why).
+        CampaignError: bad settings, ``out_dir`` holds an earlier or running campaign, or
+            the campaign failed (message: the aggregator's recorded error or how the worker died).
+        SimulationError: the Ray cluster given cannot be reached.
+        Interrupted: SIGINT/SIGTERM (inside :func:`~sealfl.platform.supervisor.interruptible`);
+            ``status.json`` says ``interrupted`` with the last finished round.
     """
-    from sealfl.clients.app import make_client_app
-
     cons, min_partners = preflight(spec)
-    out = Path(spec.out_dir)
+    plan = plan_ray(spec.ray_address, spec.cpus_per_partner)
+    if requested():
+        raise Interrupted(requested(), f"campaign stopped by {signal_name(requested())} before it started; "
+                                       f"nothing was written to {spec.out_dir}")
+    cd = CampaignDir(spec.out_dir)
+    try:
+        cd.prepare(spec.rounds, overwrite=spec.overwrite, owner=identity())
+    except CampaignDirError as exc:
+        raise CampaignError(str(exc)) from exc
     task = HeartTask()
     n = len(cons.partners)
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in ("rounds.jsonl", "status.json", "checkpoint/global.npz"):
-        (out / stale).unlink(missing_ok=True)
-    cfg = ServerConfig(
-        campaign_dir=str(out), public_context=str(cons.public_context), context_id=cons.context_id,
-        ckks=cons.ckks.to_dict(), num_partners=n, min_partners=min_partners, num_rounds=spec.rounds,
-        n_params=task.n_params, stats_length=1 + 2 * N_FEATURES, initial_params=task.init_params().tolist(),
+    ServerConfig(
+        campaign_dir=str(cd.dir.resolve()), public_context=str(cons.public_context.resolve()),
+        context_id=cons.context_id, ckks=cons.ckks.to_dict(), num_partners=n, min_partners=min_partners,
+        num_rounds=spec.rounds, n_params=task.n_params, stats_length=1 + 2 * N_FEATURES,
+        initial_params=task.init_params().tolist(),
         train={"local-epochs": spec.local_epochs, "lr": spec.lr, "batch-size": spec.batch_size, "seed": spec.seed,
                **spec.extra},
         timeout_s=spec.timeout_s, partners=list(cons.partners), partner_keys=partner_public_keys(cons),
         max_examples=spec.max_examples,
-    )
-    cfg.save(out / "server_config.json")
-    stop = threading.Event()
-    watcher = threading.Thread(target=_watch, args=(out, on_round, stop), daemon=True) if on_round else None
-    if watcher:
-        watcher.start()
+    ).save(cd.config_path)
+    job = {"kind": "campaign", "campaign_dir": str(cd.dir.resolve()), "consortium_dir": str(cons.dir.resolve()),
+           "num_supernodes": n, "client_app": client_app, "client_app_kwargs": client_app_kwargs or {},
+           "app_dir": app_dir, "ray": plan, "flower_log_level": spec.flower_log_level}
+    seen = [0]
+    ray_told = [False]
+
+    def tick() -> None:
+        if not ray_told[0]:
+            ray_told[0] = _tell_ray_protection(cd)
+        if on_round is None:
+            return
+        rounds = cd.rounds()
+        for rec in rounds[seen[0]:]:
+            on_round(rec)
+        seen[0] = max(seen[0], len(rounds))
+
     t0 = time.perf_counter()
     try:
-        ray_info, failure = run_on_ray(
-            make_server_app(cfg), client_app or make_client_app(str(cons.dir.resolve())), n,
-            ray_address=spec.ray_address, cpus_per_partner=spec.cpus_per_partner,
-            flower_log_level=spec.flower_log_level, on_interrupt=lambda sig: _mark_interrupted(out, sig))
-    finally:
-        stop.set()
-        if watcher:
-            watcher.join(timeout=5)
+        result = run_worker(job, env=ray_environment(plan, dict(os.environ)), log_path=cd.log_path,
+                            app_dir=app_dir, on_tick=tick)
+    except Interrupted as exc:
+        raise _interrupted(cd, exc.signum) from None
+    except KeyboardInterrupt:  # library use outside interruptible(): the tree is gone already
+        _interrupted(cd, signal.SIGINT)
+        raise
+    except SealflError as exc:
+        cd.recover()
+        cd.mark_failed(str(exc))
+        raise CampaignError(f"campaign in {cd.dir} failed: {exc}") from exc
     seconds = time.perf_counter() - t0
-    status_path = out / "status.json"
-    status = json.loads(status_path.read_text()) if status_path.exists() else {"status": "failed", "error": "the aggregator never started"}
+    cd.recover()
+    status = cd.read_status()
     if status.get("status") != "finished":
-        raise CampaignError(
-            f"campaign in {out} did not finish: {status.get('error') or failure or status.get('status')}") from failure
-    return CampaignResult(out, status, RoundLog(out, spec.rounds).rounds(), seconds, ray_info)
+        status = cd.mark_failed(result.get("error") or "the aggregator stopped without finishing")
+        raise CampaignError(f"campaign in {cd.dir} did not finish: {status.get('error')} (log: {cd.log_path})")
+    if requested():  # the signal came as the last round ended: say so, lose nothing
+        raise Interrupted(requested(), f"campaign {cd.dir} had finished all {status.get('num_rounds')} rounds when "
+                                       f"{signal_name(requested())} arrived; it is complete")
+    return CampaignResult(cd.dir, status, cd.rounds(), seconds, result.get("ray", {}))
 
 
-def _mark_interrupted(out: Path, signum: int) -> None:
-    """Record in ``status.json`` that the campaign was stopped by a signal."""
-    from sealfl.common.fsutil import atomic_write
-    from sealfl.server.bookkeeping import FROZEN, STATUS_LOCK
+def _tell_ray_protection(cd: CampaignDir) -> bool:
+    """Once the worker recorded which Ray it runs on, say how that Ray is protected
+    (a warning if it accepts unauthenticated drivers). Returns True once told."""
+    try:
+        ray = cd.read_status().get("ray")
+    except CampaignDirError:
+        return False
+    if not isinstance(ray, dict):
+        return False
+    if ray.get("auth") == "token":
+        log.info("Ray at %s: token authentication%s", ray.get("gcs_address"),
+                 ", loopback only" if ray.get("loopback_only") else "")
+    else:
+        log.warning("the Ray cluster at %s runs this campaign with authentication %r: anyone who can reach it can "
+                    "run code there, next to the partners' kits; start it with RAY_AUTH_MODE=token",
+                    ray.get("gcs_address"), ray.get("auth"))
+    return True
 
-    with STATUS_LOCK:
-        FROZEN.set()  # the aggregator thread keeps running until exit: stop its status writes
-        p = out / "status.json"
-        try:
-            status = json.loads(p.read_text())
-        except (OSError, ValueError):
-            status = {}
-        status.update(status="interrupted", error=f"stopped by signal {signum} after round "
-                      f"{status.get('round', 0)}; the checkpoint of that round is intact")
-        atomic_write(p, json.dumps(status, indent=2).encode(), 0o644)
-    log.warning("campaign interrupted by signal %d", signum)
 
-
-def _watch(out: Path, on_round: Callable[[dict], None], stop: threading.Event) -> None:
-    seen = 0
-    path = out / "rounds.jsonl"
-    while True:
-        done = stop.is_set()
-        if path.exists():
-            lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
-            for ln in lines[seen:]:
-                try:
-                    on_round(json.loads(ln))
-                except Exception:  # a progress display must never kill the campaign
-                    log.exception("progress callback failed")
-            seen = len(lines)
-        if done:
-            return
-        stop.wait(0.3)
+def _interrupted(cd: CampaignDir, signum: int) -> Interrupted:
+    """Level the directory with its last committed round and record the interruption."""
+    rnd = cd.recover()
+    cd.mark_interrupted(signum)
+    name = signal_name(signum)
+    where = (f"after round {rnd}; the checkpoint of round {rnd} in {cd.checkpoint_path} is intact" if rnd
+             else "before the first round finished")
+    return Interrupted(signum, f"campaign {cd.dir} stopped by {name} {where} "
+                               f"('sealfl campaign status {cd.dir}' shows it)")

@@ -7,7 +7,6 @@ whole path end to end.
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from pathlib import Path
@@ -17,6 +16,9 @@ import typer
 from rich.console import Console
 
 from sealfl.common.errors import SealflError
+
+from .errors import Interrupted
+from .supervisor import interruptible
 
 app = typer.Typer(help="sealfl: encrypted federated fine-tuning -> attested, signed edge releases.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -57,6 +59,12 @@ def setup_logging(verbose: bool) -> None:
 def fail(msg: str, code: int = 1) -> None:
     err.print(f"[bold red]error:[/] {msg}")
     raise typer.Exit(code)
+
+
+def stopped(exc: Interrupted) -> None:
+    """One line for a command a signal stopped, then exit 128 + signal (130 SIGINT, 143 SIGTERM)."""
+    err.print(f"[bold yellow]interrupted:[/] {exc}", soft_wrap=True)
+    raise typer.Exit(exc.exit_code)
 
 
 @app.callback()
@@ -100,20 +108,25 @@ def campaign_run(
     ray_address: Optional[str] = typer.Option(None, envvar="RAY_ADDRESS",
                                               help="Attach to this Ray cluster instead of a local Ray."),
 ) -> None:
-    """Run an encrypted FedAvg campaign (Flower simulation engine on Ray)."""
-    from .progress import run_campaign_with_progress
-    from .campaign import CampaignSpec
+    """Run an encrypted FedAvg campaign (Flower simulation engine on Ray, in a worker
+    process tree; Ctrl-C or SIGTERM stop it at any moment: exit 130 / 143 with
+    status.json saying 'interrupted' after the last finished round)."""
+    with interruptible():  # a signal is acted on where it is safe, from the first import on
+        from .campaign import CampaignSpec
+        from .progress import run_campaign_with_progress
 
-    spec = CampaignSpec(str(consortium), str(out), rounds=rounds, local_epochs=local_epochs, lr=lr,
-                        min_partners=min_partners, ray_address=ray_address, overwrite=overwrite,
-                        flower_log_level="INFO" if VERBOSE["on"] else "WARNING")
-    try:
-        res = run_campaign_with_progress(spec, console)
-    except (SealflError, OSError) as exc:
-        fail(str(exc))
-    last = res.rounds[-1]
+        spec = CampaignSpec(str(consortium), str(out), rounds=rounds, local_epochs=local_epochs, lr=lr,
+                            min_partners=min_partners, ray_address=ray_address, overwrite=overwrite,
+                            flower_log_level="INFO" if VERBOSE["on"] else "WARNING")
+        try:
+            res = run_campaign_with_progress(spec, console)
+        except Interrupted as exc:
+            stopped(exc)
+        except (SealflError, OSError) as exc:
+            fail(str(exc))
+    acc = res.rounds[-1].get("pooled_test_accuracy") if res.rounds else None
     console.print(f"campaign finished: {len(res.rounds)} rounds in {res.seconds:.1f} s, pooled test accuracy "
-                  f"{last['pooled_test_accuracy']:.3f}; checkpoint in {out / 'checkpoint'}")
+                  f"{acc if acc is not None else float('nan'):.3f}; checkpoint in {out / 'checkpoint'}")
 
 
 @campaign_app.command("status")
@@ -123,20 +136,17 @@ def campaign_status(
     """Show a campaign's status and one line per finished round (works while it runs)."""
     from rich.table import Table
 
-    from sealfl.server.bookkeeping import RoundLog
+    from sealfl.server.bookkeeping import CampaignDir
 
+    cd = CampaignDir(out)
     try:
-        status = json.loads((out / "status.json").read_text())
-        if not isinstance(status, dict):
-            raise ValueError("not a JSON object")
-    except (OSError, ValueError, RecursionError) as exc:
-        fail(f"{out} is not a campaign directory (no readable status.json): {exc}")
-    state = str(status.get("status"))
-    pid = status.get("pid")
-    if state == "running" and isinstance(pid, int) and not _alive(pid):
-        state = f"stopped unexpectedly (aggregator process {pid} is gone; rerun with --overwrite)"
-    rounds = RoundLog(out, 0).rounds()
-    t = Table(title=f"campaign {out}: {state} (round {status.get('round')}/{status.get('num_rounds')})")
+        status = cd.read_status()
+        view = cd.view()
+    except SealflError as exc:
+        fail(str(exc))
+    state = f"{view.state}: {view.note}" if view.note else view.state
+    rounds = cd.rounds()
+    t = Table(title=f"campaign {out}: {state} (round {view.round}/{view.num_rounds})")
     for col in ("round", "pooled acc", "partners", "rejected", "MB in", "seconds"):
         t.add_column(col, justify="right" if col not in ("partners", "rejected") else "left")
     for r in rounds:
@@ -148,21 +158,13 @@ def campaign_status(
         except (TypeError, ValueError):
             t.add_row(str(r["round"]), "(malformed record)", "", "", "", "")
     console.print(t)
-    if status.get("error"):
-        err.print(f"[bold red]error:[/] {status['error']}")
+    if view.error:
+        err.print(f"[bold red]{'stopped' if view.state == 'interrupted' else 'error'}:[/] {view.error}")
+    ray = status.get("ray") if isinstance(status.get("ray"), dict) else {}
+    if ray:
+        console.print(f"Ray: {ray.get('mode')} at {ray.get('gcs_address')}, authentication {ray.get('auth')}"
+                      f"{', loopback only' if ray.get('loopback_only') else ''}")
     console.print(f"aggregator held a secret key: {status.get('server_has_secret_key')}")
-
-
-def _alive(pid: int) -> bool:
-    import os
-
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # ---- partner ---------------------------------------------------------------------------
@@ -203,13 +205,16 @@ def release_build(
 ) -> None:
     """Decrypt the final model in the release enclave, export ONNX, quantize to INT8, gate
     on accuracy, and write a signed, attested release."""
-    from .release import release
+    with interruptible():
+        from .release import release
 
-    try:
-        with console.status("decrypting in the release enclave; partners score the fp32 and INT8 candidates…"):
-            res = release(consortium, campaign, out, version=version, max_drop=max_drop, ray_address=ray_address)
-    except (SealflError, OSError) as exc:
-        fail(str(exc))
+        try:
+            with console.status("decrypting in the release enclave; partners score the fp32 and INT8 candidates…"):
+                res = release(consortium, campaign, out, version=version, max_drop=max_drop, ray_address=ray_address)
+        except Interrupted as exc:
+            stopped(exc)
+        except (SealflError, OSError) as exc:
+            fail(str(exc))
     console.print(f"release v{version} in {out}: root digest {res.summary['root_digest']}; "
                   f"fp32 {res.accuracy['fp32']['pooled']:.3f}, INT8 {res.accuracy['int8']['pooled']:.3f}")
 
@@ -330,12 +335,15 @@ def demo(
     """The whole path on the real four-hospital data: consortium -> encrypted campaign on Ray
     -> INT8 release (signed, attested) -> device boot -> on-device inference; prints a
     table and writes OUT/report.json."""
-    from .demo import run_demo
+    with interruptible():
+        from .demo import run_demo
 
-    try:
-        run_demo(out, rounds=rounds, ray_address=ray_address, console=console)
-    except (SealflError, OSError) as exc:
-        fail(str(exc))
+        try:
+            run_demo(out, rounds=rounds, ray_address=ray_address, console=console)
+        except Interrupted as exc:
+            stopped(exc)
+        except (SealflError, OSError) as exc:
+            fail(str(exc))
 
 
 def main() -> None:

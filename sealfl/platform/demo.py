@@ -18,8 +18,10 @@ from rich.console import Console
 from rich.table import Table
 
 from sealfl.clients.data import HOSPITALS, load_partitions
+from sealfl.common.fsutil import atomic_write
 from sealfl.common.he import CKKSCodec
 
+from . import supervisor
 from .campaign import CampaignSpec
 from .consortium import Consortium, create_consortium
 from .errors import PlatformError
@@ -64,8 +66,12 @@ def _measured_server_secret(cons: Consortium) -> bool:
 def run_demo(out: Path, *, rounds: int = 10, ray_address: str | None = None, console: Console | None = None) -> dict:
     """Run the demo into ``out``; returns the report dict (also written to ``out/report.json``).
 
-    Raises PlatformError if ``out`` holds something other than an earlier demo, and any
-    campaign/release/boot error with its own message.
+    Raises PlatformError if ``out`` holds something other than an earlier demo, any
+    campaign/release/boot error with its own message, and
+    :class:`~sealfl.platform.errors.Interrupted` on SIGINT/SIGTERM (inside
+    :func:`~sealfl.platform.supervisor.interruptible`; acted on between steps, and at once
+    while Ray runs). ``report.json`` is written last, atomically: it exists only for a
+    demo that ran to its end.
     """
     from sealfl.enclave.device import boot
 
@@ -80,6 +86,7 @@ def run_demo(out: Path, *, rounds: int = 10, ray_address: str | None = None, con
     provision_release_enclave(cons, codec.secret_context_bytes())
     del codec
     console.print(f"partners: {', '.join(cons.partners)}  ({time.perf_counter() - t0:.1f} s)")
+    supervisor.check()
 
     console.rule(f"[bold]2. encrypted campaign: {rounds} rounds of CKKS FedAvg on Ray")
     camp = run_campaign_with_progress(
@@ -91,6 +98,7 @@ def run_demo(out: Path, *, rounds: int = 10, ray_address: str | None = None, con
         rel = release(cons.dir, out / "campaign", out / "release", version=1, ray_address=ray_address)
     console.print(f"root digest {rel.summary['root_digest']}  ({rel.seconds:.1f} s)")
 
+    supervisor.check()
     console.rule("[bold]4. device: verify, measure, boot the sandboxed runtime, infer")
     t0 = time.perf_counter()
     per_device: dict[str, dict] = {}
@@ -130,6 +138,7 @@ def run_demo(out: Path, *, rounds: int = 10, ray_address: str | None = None, con
         "release": {"dir": str(out / "release"), "root_digest": rel.summary["root_digest"],
                     "version": rel.summary["version"], "files": rel.summary["files"], **rel.sizes},
         "trust": {"dir": str(trust_dir(cons))},
+        "ray": camp.ray,
         "he": {
             "scheme": "CKKS", **cons.ckks.to_dict(),
             "bytes_per_round": he_bytes,
@@ -145,7 +154,8 @@ def run_demo(out: Path, *, rounds: int = 10, ray_address: str | None = None, con
             "total_seconds": time.perf_counter() - t_all,
         },
     }
-    (out / "report.json").write_text(json.dumps(report, indent=2))
+    supervisor.check()
+    atomic_write(out / "report.json", json.dumps(report, indent=2).encode(), 0o644)
     _print_table(console, report, rel.accuracy, per_device)
     return report
 

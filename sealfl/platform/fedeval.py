@@ -1,7 +1,8 @@
 """Federated evaluation of candidate release models (the release gate's accuracy source).
 
-Runs :mod:`sealfl.server.eval_app` with the partner ClientApp on Ray: every partner
-scores every candidate on its own test split and replies counts; pooled accuracy is
+Runs :mod:`sealfl.server.eval_app` with the partner ClientApp on Ray, in a worker
+process tree (:func:`sealfl.platform.supervisor.run_worker`): every partner scores every
+candidate on its own test split and replies counts; pooled accuracy is
 ``Σ correct / Σ n``. Every partner must answer with counts that pass the checks of
 :func:`sealfl.server.validation.check_candidate_counts` (integers, ``0 <= correct <= n``,
 one ``n`` for every candidate, equal to the ``n`` that partner reported during the
@@ -14,18 +15,20 @@ checked), so pooled accuracies always lie in [0, 1].
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Mapping
 
 from sealfl.server.errors import ReplyError
-from sealfl.server.eval_app import make_eval_server_app
 from sealfl.server.validation import ReplyLimits, check_candidate_counts
 
 from .consortium import Consortium
-from .errors import ReleaseError
+from .errors import Interrupted, ReleaseError
 from .partner_keys import partner_public_keys
-from .simulate import run_on_ray
+from .simulate import plan_ray, ray_environment
+from .supervisor import run_worker
 
 #: largest result file read back (a few hundred bytes per partner and candidate)
 MAX_RESULT_BYTES = 1 << 20
@@ -68,28 +71,55 @@ def pool_counts(per_partner: Mapping, partners: list[str], candidates: list[str]
 
 
 def federated_evaluate(cons: Consortium, candidates: dict[str, bytes], *, ray_address: str | None = None,
-                       client_app=None, expected_n: Mapping[str, int] | None = None,
+                       client_app: str | None = None, client_app_kwargs: dict | None = None,
+                       app_dir: str | None = None, expected_n: Mapping[str, int] | None = None,
                        limits: ReplyLimits | None = None) -> dict[str, dict]:
     """Score ``candidates`` (name -> ONNX bytes) at every partner.
 
+    ``client_app`` / ``client_app_kwargs`` / ``app_dir``: as for
+    :func:`sealfl.platform.campaign.run_campaign` (default: the partner app).
+
     Returns ``{candidate: {"pooled": float, "correct": int, "n": int,
     "per_partner": {partner: {"correct", "n", "accuracy"}}}}``.
-    Raises ReleaseError if the run failed, any partner did not report, or a partner's
-    counts fail a check (the message names the partner and the reason).
-    """
-    from sealfl.clients.app import make_client_app
 
+    Raises:
+        ReleaseError: the run failed, a partner did not report, or a partner's counts fail
+            a check (the message names the partner and the reason; a failed run keeps the
+            worker's log path).
+        SimulationError: the Ray cluster given cannot be reached.
+        Interrupted: SIGINT/SIGTERM; the worker tree is gone, nothing was written.
+    """
     limits = limits or ReplyLimits()
-    with tempfile.TemporaryDirectory(prefix="sealfl-fedeval-") as d:
-        out = Path(d) / "result.json"
-        app = make_eval_server_app(candidates, len(cons.partners), out, partners=cons.partners,
-                                   partner_keys=partner_public_keys(cons), context_id=bytes.fromhex(cons.context_id),
-                                   limits=limits, expected_n=expected_n)
-        _, failure = run_on_ray(app, client_app or make_client_app(str(cons.dir.resolve())), len(cons.partners),
-                                ray_address=ray_address)
-        if failure is not None or not out.exists():
-            raise ReleaseError(f"federated evaluation of the release candidates failed: {failure}") from failure
+    plan = plan_ray(ray_address)
+    d = Path(tempfile.mkdtemp(prefix="sealfl-fedeval-"))
+    keep = False
+    try:
+        paths = {}
+        for i, (name, blob) in enumerate(candidates.items()):
+            paths[name] = str(d / f"candidate-{i}.onnx")
+            Path(paths[name]).write_bytes(blob)
+        out = d / "result.json"
+        job = {"kind": "fedeval", "candidates": paths, "out": str(out), "consortium_dir": str(cons.dir.resolve()),
+               "num_supernodes": len(cons.partners), "client_app": client_app,
+               "client_app_kwargs": client_app_kwargs or {}, "app_dir": app_dir, "ray": plan,
+               "eval": {"partners": list(cons.partners), "partner_keys": partner_public_keys(cons),
+                        "context_id": cons.context_id,
+                        "limits": {"max_examples": limits.max_examples, "max_loss": limits.max_loss},
+                        "expected_n": dict(expected_n) if expected_n else None}}
+        log_path = d / "worker.log"
+        result = run_worker(job, env=ray_environment(plan, dict(os.environ)), log_path=log_path, app_dir=app_dir)
+        if not result.get("ok") or not out.exists():
+            raise ReleaseError(f"federated evaluation of the release candidates failed: {result.get('error')} "
+                               f"(log: {log_path})")
         raw = out.read_bytes()
+    except Interrupted:
+        raise
+    except BaseException:
+        keep = True  # the worker's log explains the failure
+        raise
+    finally:
+        if not keep:
+            shutil.rmtree(d, ignore_errors=True)
     if len(raw) > MAX_RESULT_BYTES:
         raise ReleaseError(f"federated evaluation result is {len(raw)} bytes (cap {MAX_RESULT_BYTES}); not releasing")
     try:

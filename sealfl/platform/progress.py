@@ -8,9 +8,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from .campaign import CampaignResult, CampaignSpec, preflight, run_campaign
 
 
-def run_campaign_with_progress(spec: CampaignSpec, console: Console, client_app=None) -> CampaignResult:
+def run_campaign_with_progress(spec: CampaignSpec, console: Console, **kwargs) -> CampaignResult:
     """:func:`run_campaign` with a progress bar; each finished round prints its accuracy,
-    accepted/rejected partners and time. Raises what :func:`run_campaign` raises."""
+    accepted/rejected partners and time. ``kwargs`` go to :func:`run_campaign`
+    (``client_app``, ``client_app_kwargs``, ``app_dir``). Raises what it raises."""
     preflight(spec)  # fail on bad settings before drawing a progress bar
     with Progress(TextColumn("[bold]encrypted rounds"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.description}"), console=console, transient=False) as bar:
@@ -19,8 +20,9 @@ def run_campaign_with_progress(spec: CampaignSpec, console: Console, client_app=
         def on_round(rec: dict) -> None:
             rej = rec.get("rejected") or {}
             note = f", rejected {', '.join(rej)}" if rej else ""
+            acc = rec.get("pooled_test_accuracy")
             bar.update(task, advance=1, description=(
-                f"round {rec['round']}: pooled acc {rec.get('pooled_test_accuracy', float('nan')):.3f}, "
+                f"round {rec['round']}: pooled acc {acc if acc is not None else float('nan'):.3f}, "
                 f"{len(rec.get('accepted', []))} partners{note}, {rec.get('round_seconds', 0):.2f} s"))
 
-        return run_campaign(spec, on_round=on_round, client_app=client_app)
+        return run_campaign(spec, on_round=on_round, **kwargs)

@@ -19,7 +19,6 @@ round on Ray).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -28,16 +27,18 @@ from pathlib import Path
 
 from sealfl.clients.task import HeartTask
 from sealfl.common.errors import CiphertextError, DecryptedValueError
-from sealfl.common.fsutil import atomic_write
 from sealfl.enclave.keyholder import KeyHolder
 from sealfl.enclave.release_enclave import ReleaseEnclave
-from sealfl.server.bookkeeping import load_checkpoint
+from sealfl.server.bookkeeping import CampaignDir
+from sealfl.server.errors import CampaignDirError
 
+from . import supervisor
 from .canary import build_canary, canary_rows, self_check
 from .consortium import Consortium
-from .errors import ReleaseError
+from .errors import Interrupted, ReleaseError, signal_name
 from .fedeval import federated_evaluate
 from .quantize import SCHEME, quantize_int8
+from .register import check_new_version, mark_issued, read_register, reserve, unreserve
 
 log = logging.getLogger(__name__)
 MODEL_FILE = "model.int8.onnx"
@@ -60,25 +61,25 @@ def provision_release_enclave(cons: Consortium, secret_context: bytes) -> Releas
 
 
 def finished_checkpoint(campaign_dir: str | Path) -> dict:
-    """The final checkpoint of a FINISHED campaign.
+    """The final checkpoint of a FINISHED campaign: ``{"model_ct", "model_weight",
+    "stats_ct", "round"}``.
 
     Raises ReleaseError if the campaign is missing, did not finish, or its checkpoint is
-    not from its last round (a stale checkpoint of an earlier run).
+    unreadable, corrupt, or not from its last round (a stale checkpoint of an earlier run).
     """
-    d = Path(campaign_dir)
+    cd = CampaignDir(campaign_dir)
+    d = cd.dir
     try:
-        status = json.loads((d / "status.json").read_text())
-        if not isinstance(status, dict):
-            raise ValueError("status.json is not a JSON object")
-    except (OSError, ValueError, RecursionError) as exc:
-        raise ReleaseError(f"{d} is not a campaign directory (no readable status.json); run 'sealfl campaign run'") from exc
+        status = cd.read_status()
+    except CampaignDirError as exc:
+        raise ReleaseError(f"{d} is not a campaign directory ({exc}); run 'sealfl campaign run'") from exc
     if status.get("status") != "finished":
         raise ReleaseError(f"campaign {d} is {status.get('status')!r}, not finished"
                            f"{': ' + str(status.get('error')) if status.get('error') else ''}; nothing to release")
     try:
-        ckpt = load_checkpoint(d)
-    except Exception as exc:  # numpy/zipfile raise many types on a truncated file
-        raise ReleaseError(f"campaign {d} has no readable checkpoint: {type(exc).__name__}: {exc}") from exc
+        ckpt = cd.read_checkpoint().to_dict()
+    except CampaignDirError as exc:
+        raise ReleaseError(f"campaign {d} has no readable checkpoint: {exc}") from exc
     if not (math.isfinite(ckpt["model_weight"]) and ckpt["model_weight"] >= 1):
         raise ReleaseError(f"checkpoint of {d} has total weight {ckpt['model_weight']} (a sample count >= 1 is "
                            "expected); the checkpoint is corrupt")
@@ -96,9 +97,7 @@ def finished_checkpoint(campaign_dir: str | Path) -> dict:
 def campaign_test_counts(campaign_dir: str | Path) -> dict[str, int]:
     """Partner -> test rows it reported in the campaign's last evaluated round
     (``rounds.jsonl`` ``per_partner``), for the gate's consistency check; {} if none."""
-    from sealfl.server.bookkeeping import RoundLog
-
-    for rec in reversed(RoundLog(campaign_dir, 0).rounds()):
+    for rec in reversed(CampaignDir(campaign_dir).rounds()):
         per = rec.get("per_partner")
         if isinstance(per, dict) and per:
             return {p: v["n"] for p, v in per.items()
@@ -138,28 +137,12 @@ def check_gate(fp32_accuracy: float, int8_accuracy: float, max_drop: float) -> N
 
 
 def issued_versions(cons: Consortium) -> list[dict]:
-    """The consortium's release register (``releases.json``): one entry per release written."""
-    p = cons.dir / "releases.json"
-    try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        return []
-    except (OSError, ValueError, RecursionError) as exc:
-        raise ReleaseError(f"{p} is unreadable ({exc}); restore it before releasing") from exc
-    return [e for e in data if isinstance(e, dict) and isinstance(e.get("version"), int)]
+    """The consortium's release register (see :mod:`sealfl.platform.register`)."""
+    return read_register(cons.dir)
 
 
-def _check_version(cons: Consortium, version: int) -> None:
-    latest = max((e["version"] for e in issued_versions(cons)), default=None)
-    if latest is not None and version <= latest:
-        raise ReleaseError(f"version {version} is not newer than the latest release v{latest} of this consortium; "
-                           f"devices would refuse it -- use --version {latest + 1}")
-
-
-def _register(cons: Consortium, summary: dict) -> None:
-    entries = issued_versions(cons) + [{"version": summary["version"], "root_digest": summary["root_digest"],
-                                        "dir": summary["dir"], "time": time.time()}]
-    atomic_write(cons.dir / "releases.json", json.dumps(entries, indent=2).encode(), 0o644)
+def _holds_files(d: Path) -> bool:
+    return d.is_dir() and any(d.iterdir())
 
 
 @dataclass
@@ -182,7 +165,9 @@ class ReleaseResult:
 
 
 def release(consortium_dir: str | Path, campaign_dir: str | Path, out_dir: str | Path, *, version: int,
-            name: str = "heart-risk", max_drop: float = 0.01, ray_address: str | None = None) -> ReleaseResult:
+            name: str = "heart-risk", max_drop: float = 0.01, ray_address: str | None = None,
+            client_app: str | None = None, client_app_kwargs: dict | None = None,
+            app_dir: str | None = None) -> ReleaseResult:
     """Build, gate, sign and attest a release of the campaign's final global model.
 
     Raises:
@@ -193,13 +178,25 @@ def release(consortium_dir: str | Path, campaign_dir: str | Path, out_dir: str |
             decrypted aggregate is out of the task's bounds, a partner did not evaluate or
             reported impossible counts, or the INT8 model fails the accuracy gate (nothing is written).
         ReleaseWriteError: ``out_dir`` is not empty (from the enclave).
+        Interrupted: SIGINT/SIGTERM (inside :func:`~sealfl.platform.supervisor.interruptible`)
+            before the version was reserved: nothing was written or registered.
+
+    Interruption is acted on between steps (decrypt, evaluate, gate, write); the write
+    itself -- reserve the version, rename the release directory into place, mark the
+    version issued (:mod:`sealfl.platform.register`) -- runs to its end, after which a
+    pending signal is raised with the release named as written. The partners' evaluation
+    runs in a worker process tree (:mod:`sealfl.platform.supervisor`).
+    ``client_app`` / ``client_app_kwargs`` / ``app_dir``: see :func:`federated_evaluate`.
     """
     if not (0.0 <= max_drop <= 1.0):
         raise ReleaseError(f"max_drop must lie in [0, 1], got {max_drop}")
     t0 = time.perf_counter()
     cons = Consortium.load(consortium_dir)
-    _check_version(cons, version)
+    check_new_version(read_register(cons.dir), version)
+    if _holds_files(Path(out_dir)) or (Path(out_dir).exists() and not Path(out_dir).is_dir()):
+        raise ReleaseError(f"{out_dir} exists and is not an empty directory; choose a new output directory")
     ckpt = finished_checkpoint(campaign_dir)
+    supervisor.check()
     enclave = ReleaseEnclave.open(enclave_dir(cons))
     keys = KeyHolder(enclave, cons.ckks, bytes.fromhex(cons.context_id))
     task = HeartTask()
@@ -212,8 +209,15 @@ def release(consortium_dir: str | Path, campaign_dir: str | Path, out_dir: str |
     except ValueError as exc:
         raise ReleaseError(f"cannot quantise the model: {exc}") from exc
     self_check(int8, canary)
-    acc = federated_evaluate(cons, {"fp32": fp32, "int8": int8}, ray_address=ray_address,
-                             expected_n=campaign_test_counts(campaign_dir))
+    try:
+        supervisor.check()
+        acc = federated_evaluate(cons, {"fp32": fp32, "int8": int8}, ray_address=ray_address,
+                                 client_app=client_app, client_app_kwargs=client_app_kwargs, app_dir=app_dir,
+                                 expected_n=campaign_test_counts(campaign_dir))
+    except Interrupted as exc:
+        raise Interrupted(exc.signum, f"release build stopped by {signal_name(exc.signum)} while the partners "
+                                      f"evaluated the candidates; nothing was written and version {version} "
+                                      "is still free") from None
     check_gate(acc["fp32"]["pooled"], acc["int8"]["pooled"], max_drop)
     metadata = {
         "model_file": MODEL_FILE,
@@ -227,7 +231,17 @@ def release(consortium_dir: str | Path, campaign_dir: str | Path, out_dir: str |
         "accuracy": {"fp32_pooled_test": acc["fp32"]["pooled"], "int8_pooled_test": acc["int8"]["pooled"],
                      "max_drop": max_drop},
     }
-    summary = enclave.write_release(out_dir, {MODEL_FILE: int8}, name, version, metadata)
-    _register(cons, summary)
+    supervisor.check()
+    reserve(cons.dir, version, str(out_dir))  # before the directory exists: no version is issued twice
+    try:
+        summary = enclave.write_release(out_dir, {MODEL_FILE: int8}, name, version, metadata)
+    except Exception:
+        if not _holds_files(Path(out_dir)):  # the rename never happened: the version was not used
+            unreserve(cons.dir, version)
+        raise
+    mark_issued(cons.dir, version, summary["root_digest"], summary["dir"])
+    if supervisor.requested():
+        raise Interrupted(supervisor.requested(), f"release v{version} was completed in {out_dir} before stopping "
+                                                  "(the signal arrived while it was being written)")
     return ReleaseResult(summary, acc, {"fp32_onnx_bytes": len(fp32), "int8_onnx_bytes": len(int8)},
                          params.tolist(), time.perf_counter() - t0)

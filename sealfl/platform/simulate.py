@@ -1,30 +1,56 @@
-"""Run a Flower ServerApp + ClientApp pair through Flower's simulation engine on Ray.
+"""Ray for Flower's simulation engine: an embedded Ray on loopback with token
+authentication, or an existing cluster whose protection is measured and recorded.
 
-Ray: a new embedded local Ray by default (``address="local"``: without it ``ray.init()``
-silently joins any Ray already running on the machine); ``ray_address`` or
-``RAY_ADDRESS`` attaches to an existing cluster. Flower's Ray backend calls
-``ray.init()`` only when Ray is not already running, so it uses the Ray started here
-(checked with flwr 1.42 / ray 2.55.1), and it disconnects from Ray when the run ends.
+Runs inside the worker process (:mod:`sealfl.platform.worker`); the supervisor only calls
+:func:`plan_ray` and :func:`ray_environment` (neither imports Ray).
+
+**Embedded Ray** (default). The supervisor starts the worker with
+
+- ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``: Ray 2.55 then takes the loopback address as the
+  node IP (``ray._private.services.get_node_ip_address`` returns ``get_localhost_ip()``),
+  and Ray binds its gRPC servers (GCS, raylet, object manager, core workers) and agents
+  to that address instead of every interface. ``ray.init(_node_ip_address="127.0.0.1")``
+  does not do it: ``resolve_ip_for_localhost`` maps 127.0.0.1 back to the outward IP.
+  Measured here: without the variable GCS, raylet and workers listened on ``::`` and the
+  autoscaler monitor on ``0.0.0.0``; with it every socket was on 127.0.0.1.
+- ``RAY_AUTH_MODE=token`` and a fresh 256-bit ``RAY_AUTH_TOKEN`` per run (Ray's token
+  authentication, Ray >= 2.52): every Ray gRPC call must carry it; the token lives only
+  in the environment of this run's processes (never on disk, never in git) and is not
+  logged. Ray's own ``ray.init`` would otherwise write a token to ``~/.ray/auth_token``.
+
+After start-up :func:`start_ray` checks both properties and refuses to go on if either
+fails (the partners' secret kits are reachable from Ray workers in simulation).
+
+**Existing cluster** (``--ray-address`` / ``RAY_ADDRESS``): the user's ``RAY_AUTH_*``
+variables pass through; :func:`probe_auth` asks the cluster's GCS for its cluster id
+without a token and records whether it refused (``"token"``) or answered (``"none"``,
+logged as a warning). Flower's Ray backend calls ``ray.init()`` only when Ray is not
+running yet, so it uses the Ray started here (flwr 1.42, ray 2.55.1); its
+``terminate()`` calls ``ray.shutdown()`` when the run ends.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
+import secrets
 import socket
-import threading
-from collections.abc import Callable
 from pathlib import Path
 
 from .errors import SimulationError
 
 log = logging.getLogger(__name__)
 
+ENV_LOOPBACK = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+_AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 
-def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
-    """Fail fast if a Ray GCS address (``host:port``, optionally ``ray://``) does not accept
-    TCP connections: ``ray.init`` would otherwise retry for minutes. Raises SimulationError."""
+
+# -- supervisor side (no Ray import) -----------------------------------------------------------
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> str:
+    """Fail fast if a Ray GCS address (``host:port``, optionally ``ray://``; ``auto``: the
+    last cluster started here) does not accept TCP connections -- ``ray.init`` would
+    retry for minutes. Returns the resolved address. Raises SimulationError."""
     if address == "auto":  # Ray reads the address of the last cluster started here
         try:
             address = Path("/tmp/ray/ray_current_cluster").read_text().split()[0]
@@ -39,29 +65,106 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
     except (OSError, ValueError) as exc:
         raise SimulationError(f"cannot reach the Ray cluster at {address!r} ({exc}); start it with "
                               "'ray start --head' or drop --ray-address to use a local Ray") from exc
+    return address
 
 
-def _ray_init(address: str | None) -> bool:
-    """Start or attach to Ray. Returns True if we started a local Ray (and must stop it)."""
+def plan_ray(ray_address: str | None, cpus_per_partner: float = 1.0) -> dict:
+    """Decide embedded vs attach before anything starts: ``{"mode": "embedded"}`` or
+    ``{"mode": "attach", "address"}`` (reachability checked). ``"local"`` or nothing
+    (and no ``RAY_ADDRESS``) means embedded. Raises SimulationError."""
+    address = ray_address or os.environ.get("RAY_ADDRESS")
+    if not address or address == "local":
+        return {"mode": "embedded", "cpus_per_partner": cpus_per_partner}
+    return {"mode": "attach", "address": check_reachable(address), "cpus_per_partner": cpus_per_partner}
+
+
+def ray_environment(plan: dict, base: dict) -> dict:
+    """The worker's environment for ``plan``: embedded Ray gets loopback binding and a
+    fresh auth token (any inherited Ray address/token is dropped); an attach keeps the
+    user's ``RAY_AUTH_*``. Returns a new dict."""
+    env = {k: v for k, v in base.items() if k != "RAY_ADDRESS"}
+    env.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # no GPUs here; silences Ray's tip
+    if plan["mode"] == "embedded":
+        for k in _AUTH_VARS:
+            env.pop(k, None)
+        env.update({ENV_LOOPBACK: "0", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)})
+    else:
+        env.pop(ENV_LOOPBACK, None)
+    return env
+
+
+# -- worker side -------------------------------------------------------------------------------
+
+def classify_probe(code_name: str | None) -> str:
+    """Protection of a Ray cluster from the answer to an unauthenticated GCS call:
+    ``UNAUTHENTICATED`` -> ``"token"``; success (``None``) -> ``"none"``; anything else
+    -> ``"unknown (<code>)"``. Pure."""
+    if code_name is None:
+        return "none"
+    if code_name == "UNAUTHENTICATED":
+        return "token"
+    return f"unknown ({code_name})"
+
+
+def probe_auth(gcs_address: str, token: str | None = None, timeout_s: float = 5.0) -> str:
+    """Call ``NodeInfoGcsService/GetClusterId`` on ``gcs_address`` (with ``token`` as a
+    bearer token if given) and classify the answer with :func:`classify_probe`."""
+    import grpc
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    metadata = [("authorization", f"Bearer {token}")] if token else None
+    with grpc.insecure_channel(gcs_address) as ch:
+        try:
+            gcs_service_pb2_grpc.NodeInfoGcsServiceStub(ch).GetClusterId(
+                gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s, metadata=metadata)
+        except grpc.RpcError as exc:
+            return classify_probe(exc.code().name)
+    return classify_probe(None)
+
+
+def _session_pids() -> list[int]:
+    from sealfl.common.procs import run_members
+
+    return run_members(os.environ.get("SEALFL_RUN_TOKEN", "-"), os.getsid(0))
+
+
+def start_ray(plan: dict, temp_dir: str | None) -> dict:
+    """Start the embedded Ray or attach to ``plan["address"]``; check and describe its
+    protection. Returns ``{"gcs_address", "started_here", "mode", "auth", "loopback_only"}``.
+
+    Raises:
+        SimulationError: the embedded Ray is not token-protected or listens on a
+            non-loopback address (nothing runs then).
+    """
     import ray
 
-    if ray.is_initialized():
-        return False
-    address = address or os.environ.get("RAY_ADDRESS")
-    if address == "local":
-        address = None
-    if address:
-        _check_reachable(address)
-        log.info("attaching to the Ray cluster at %s", address)
-        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
-        return False
-    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # no GPUs here; silences Ray's tip
-    # address="local": always a new embedded Ray; without it ray.init() silently joins any
-    # Ray cluster already running on this machine (and dies with it)
-    ray.init(address="local", include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
-             logging_level=logging.WARNING,
-             runtime_env={"env_vars": {"PYTHONWARNINGS": "ignore"}})
-    return True
+    from sealfl.common.procs import listening_sockets, non_loopback
+
+    if plan["mode"] == "attach":
+        log.info("attaching to the Ray cluster at %s", plan["address"])
+        ray.init(address=plan["address"], log_to_driver=False, logging_level=logging.WARNING)
+        gcs = ray.get_runtime_context().gcs_address
+        auth = "unknown (Ray Client address)" if "://" in plan["address"] else probe_auth(gcs)
+        info = {"gcs_address": gcs, "started_here": False, "mode": "attach", "auth": auth, "loopback_only": None}
+        if auth == "none":
+            log.warning("the Ray cluster at %s accepts drivers WITHOUT authentication: anyone who can reach it can "
+                        "run code next to the partners' kits; start it with RAY_AUTH_MODE=token", plan["address"])
+        else:
+            log.warning("the Ray cluster at %s: authentication %s", plan["address"], auth)
+        return info
+    if os.environ.get(ENV_LOOPBACK) != "0" or os.environ.get("RAY_AUTH_MODE") != "token":
+        raise SimulationError("the embedded Ray must be started by the supervisor (loopback + token environment)")
+    kw = {"_temp_dir": temp_dir} if temp_dir else {}
+    ray.init(address="local", include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING, **kw)
+    gcs = ray.get_runtime_context().gcs_address
+    exposed = non_loopback(listening_sockets(_session_pids()))
+    auth = probe_auth(gcs)
+    if exposed or auth != "token":
+        ray.shutdown()
+        raise SimulationError(f"refusing to run: the embedded Ray is not private (sockets off loopback: {exposed}; "
+                              f"unauthenticated GCS call: {auth})")
+    log.info("embedded Ray at %s: loopback only, token authentication", gcs)
+    return {"gcs_address": gcs, "started_here": True, "mode": "embedded", "auth": "token", "loopback_only": True}
 
 
 class _DropDeprecation(logging.Filter):
@@ -72,68 +175,23 @@ class _DropDeprecation(logging.Filter):
         return "`run_simulation` function is deprecated" not in record.getMessage()
 
 
-def _hide_run_simulation_deprecation() -> None:
-    flwr_logger = logging.getLogger("flwr")
-    for h in flwr_logger.handlers:
-        if not any(isinstance(f, _DropDeprecation) for f in h.filters):
-            h.addFilter(_DropDeprecation())
+def run_flower(server_app, client_app, num_supernodes: int, *, cpus_per_partner: float = 1.0,
+               flower_log_level: str = "WARNING") -> BaseException | None:
+    """Run one Flower app pair to completion on the Ray started by :func:`start_ray`.
 
-
-def _exit_on_signal(on_interrupt: Callable[[int], None] | None, started_ray: bool):
-    """Install SIGINT/SIGTERM handlers (main thread only) that record the interruption,
-    stop the Ray we started and exit 128+signal. Flower's simulation runtime does not stop
-    on Ctrl-C (seen with flwr 1.42: the driver waited forever for dead Ray actors).
-    Everything a campaign needs to resume is already on disk (checkpoint per round).
-    Returns the previous handlers (to restore) or None off the main thread."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def handler(signum, frame):  # noqa: ARG001
-        try:
-            if on_interrupt is not None:
-                on_interrupt(signum)
-        finally:
-            if started_ray:
-                try:
-                    import ray
-
-                    ray.shutdown()
-                except Exception:  # exiting anyway
-                    pass
-            os._exit(128 + signum)
-
-    return {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-
-
-def run_on_ray(server_app, client_app, num_supernodes: int, *, ray_address: str | None = None,
-               cpus_per_partner: float = 1.0, flower_log_level: str = "WARNING",
-               on_interrupt: Callable[[int], None] | None = None) -> tuple[dict, BaseException | None]:
-    """Run one Flower app pair to completion.
-
-    Returns ``({"gcs_address", "started_here"}, the ServerApp's exception or None)``:
-    Flower re-raises the ServerApp thread's error; callers turn it into their own error
-    with the context they recorded on disk. On SIGINT/SIGTERM ``on_interrupt(signum)`` is
-    called, Ray is stopped and the process exits with 128 + signum.
+    Returns the ServerApp's exception (Flower re-raises it) or None. Flower's Ray
+    backend stops or disconnects Ray at the end.
     """
-    import ray
     from flwr.simulation import run_simulation
     from flwr.supercore.logger import update_console_handler
 
     update_console_handler(level=flower_log_level)
-    _hide_run_simulation_deprecation()
-    started = _ray_init(ray_address)
-    info = {"gcs_address": ray.get_runtime_context().gcs_address, "started_here": started}
-    failure: BaseException | None = None
-    previous = _exit_on_signal(on_interrupt, started)
+    for h in logging.getLogger("flwr").handlers:
+        if not any(isinstance(f, _DropDeprecation) for f in h.filters):
+            h.addFilter(_DropDeprecation())
     try:
         run_simulation(server_app=server_app, client_app=client_app, num_supernodes=num_supernodes,
                        backend_config={"client_resources": {"num_cpus": cpus_per_partner, "num_gpus": 0.0}})
     except Exception as exc:  # run_simulation re-raises the ServerApp thread's error
-        failure = exc
-    finally:
-        if previous:
-            for sig, h in previous.items():
-                signal.signal(sig, h)
-        if started:
-            ray.shutdown()
-    return info, failure
+        return exc
+    return None

@@ -35,7 +35,7 @@ from sealfl.common import protocol as P
 from sealfl.common.he import CKKSCodec, CKKSParams
 
 from .aggregate import Validated, sum_chunks
-from .bookkeeping import RoundLog
+from .bookkeeping import CampaignDir
 from .errors import NotEnoughPartnersError, SecretKeyPresentError
 from .intake import Roster, screen
 from .strategy import EncryptedFedAvg
@@ -121,7 +121,7 @@ def wait_for_nodes(grid: Grid, want: int, timeout_s: float, need: int | None = N
     return ids
 
 
-def stats_round(grid: Grid, codec: CKKSCodec, cfg: ServerConfig, rlog: RoundLog, roster: Roster) -> tuple[bytes, int]:
+def stats_round(grid: Grid, codec: CKKSCodec, cfg: ServerConfig, rlog: CampaignDir, roster: Roster) -> tuple[bytes, int]:
     """Query E([n, Σx, Σx²]) and n from every connected node, screen and check each reply,
     bind each accepted node to its partner, and add the accepted ciphertexts.
 
@@ -157,8 +157,8 @@ def _scalar(d: dict) -> dict:
 def run_server(grid: Grid, cfg: ServerConfig) -> None:
     """The ServerApp body (see module docstring). Raises what the campaign failed on,
     after recording it in ``status.json``."""
-    rlog = RoundLog(cfg.campaign_dir, cfg.num_rounds)
-    rlog.set_status(status="running", server_has_secret_key=None)
+    rlog = CampaignDir(cfg.campaign_dir, cfg.num_rounds)
+    rlog.begin()
     try:
         codec = CKKSCodec.from_bytes(Path(cfg.public_context).read_bytes(), CKKSParams.from_dict(cfg.ckks),
                                      bytes.fromhex(cfg.context_id))

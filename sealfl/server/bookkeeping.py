@@ -1,104 +1,351 @@
-"""Round bookkeeping on disk: ``rounds.jsonl``, ``status.json`` and encrypted checkpoints.
+"""The campaign directory. :class:`CampaignDir` is the only code that reads or writes it.
 
-Campaign directory layout (written by the aggregator, read by the coordinator):
+Layout::
 
-- ``status.json`` -- ``{"status": "running"|"finished"|"failed", "round", "num_rounds",
-  "error", "server_has_secret_key"}`` (rewritten atomically after every step)
-- ``rounds.jsonl`` -- one JSON object per finished round (train + evaluate results)
-- ``checkpoint/global.npz`` -- the latest encrypted global state (``model_ct`` uint8,
-  ``model_weight`` float64 (1,), ``stats_ct`` uint8, ``round`` int64 (1,)); written to a
-  temporary name and renamed, so a crash leaves the previous checkpoint intact.
+    status.json            {"status", "round", "num_rounds", "error", "owner", "worker", "ray", ...}
+    rounds.jsonl           one JSON object per finished round (train + evaluate results)
+    checkpoint/global.npz  the encrypted global state after the last finished round
+    server_config.json     the aggregator's configuration (written by the coordinator)
+    worker.log             stderr of the process that ran Flower and Ray
 
-Nothing here is secret: the aggregator only ever holds ciphertexts.
+``status`` is ``starting`` (coordinator prepared the directory), ``running``,
+``finished``, ``failed`` or ``interrupted``. ``owner`` / ``worker`` are
+``{"pid", "start", "host"}`` of the coordinator process and of the process running the
+aggregator (see :func:`sealfl.common.procs.identity`); a ``running`` campaign whose
+owner is gone is reported as dead by :func:`campaign_view`.
+
+Checkpoint (``np.savez``, uncompressed): ``model_ct`` uint8 (frame), ``model_weight``
+float64 (1,), ``stats_ct`` uint8 (frame), ``round`` int64 (1,), ``record`` uint8 (the
+round's JSON record, UTF-8).
+
+**Commit protocol.** A round ends in :meth:`CampaignDir.end_round`, in this order:
+
+1. the checkpoint, with the round's record inside, is written to a temporary file,
+   fsynced and renamed onto ``checkpoint/global.npz`` -- THE commit point of the round;
+2. the record is appended to ``rounds.jsonl`` (fsynced);
+3. ``status.json`` is rewritten atomically with the new round.
+
+A process killed at any instant leaves the previous checkpoint or the new one, never a
+mix; the last finished round is the checkpoint's. :meth:`CampaignDir.recover` (run only
+when no writer is alive) brings ``rounds.jsonl`` and ``status.json`` level with it:
+it drops a partial last line, appends the record a kill between steps 1 and 2 lost,
+and deletes temporary files. Nothing here is secret: the aggregator only holds
+ciphertexts.
+
+Parsing every file back and deciding a campaign's state are pure functions in
+:mod:`sealfl.server.campaign_files`; this module does the I/O around them.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
-import threading
+import signal
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from sealfl.common.fsutil import atomic_write
+from sealfl.common.procs import identity, identity_alive
+from sealfl.common.testpoints import testpoint
+
+from .campaign_files import (ACTIVE, CHECKPOINT, CONFIG, LOG, MAX_STATUS_BYTES, ROUNDS, STATES, STATUS,
+                             CampaignView, Checkpoint, campaign_view, checkpoint_bytes, parse_checkpoint,
+                             parse_records, parse_status)
+from .errors import CampaignDirError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CampaignDir", "RoundLog", "Checkpoint", "CampaignView", "parse_status", "parse_checkpoint",
+           "campaign_view", "save_checkpoint", "load_checkpoint", "STATES"]
 
 
-#: Set when the process is being stopped by a signal: the aggregator thread must not
-#: overwrite the "interrupted" status the signal handler records.
-FROZEN = threading.Event()
-#: Held around every status.json write, so "check FROZEN, then write" is atomic.
-STATUS_LOCK = threading.Lock()
+# -- the directory -------------------------------------------------------------------------
 
+class CampaignDir:
+    """Owner of one campaign directory (see module docstring).
 
-class RoundLog:
-    """Append-only record of a campaign's rounds in ``campaign_dir``."""
+    Coordinator side: :meth:`prepare`, :meth:`view`, :meth:`recover`,
+    :meth:`mark_interrupted`, :meth:`mark_failed` -- the last three only while no other
+    process writes here. Aggregator side: :meth:`begin`, :meth:`set_status`,
+    :meth:`note`, :meth:`stage_checkpoint`, :meth:`end_round`.
 
-    def __init__(self, campaign_dir: str | Path, num_rounds: int):
-        self.dir = Path(campaign_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
+    Args:
+        path: the campaign directory.
+        num_rounds: rounds of the campaign (aggregator side).
+    """
+
+    def __init__(self, path: str | os.PathLike, num_rounds: int | None = None):
+        self.dir = Path(path)
         self.num_rounds = num_rounds
-        self.status: dict[str, Any] = {"status": "running", "round": 0, "num_rounds": num_rounds, "error": None,
-                                       "started": time.time(), "pid": os.getpid()}
+        self.status: dict[str, Any] = {"status": "running", "round": 0, "num_rounds": num_rounds, "error": None}
         self.current: dict[str, Any] = {}
+        self._staged: Checkpoint | None = None
+
+    @property
+    def status_path(self) -> Path:
+        return self.dir / STATUS
+
+    @property
+    def rounds_path(self) -> Path:
+        return self.dir / ROUNDS
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.dir / CHECKPOINT
+
+    @property
+    def config_path(self) -> Path:
+        return self.dir / CONFIG
+
+    @property
+    def log_path(self) -> Path:
+        return self.dir / LOG
+
+    # -- reading ------------------------------------------------------------------------
+
+    def exists(self) -> bool:
+        """True if the directory holds a campaign (a ``status.json``)."""
+        return self.status_path.exists()
+
+    def read_status(self) -> dict:
+        """Parsed ``status.json``. Raises CampaignDirError (missing or malformed)."""
+        try:
+            with open(self.status_path, "rb") as fh:
+                data = fh.read(MAX_STATUS_BYTES + 1)
+        except OSError as exc:
+            raise CampaignDirError(f"{self.dir} is not a campaign directory (no readable {STATUS}: "
+                                   f"{exc.strerror or exc})") from exc
+        return parse_status(data, str(self.status_path))
+
+    def rounds(self) -> list[dict]:
+        """Finished rounds from ``rounds.jsonl``, oldest first; lines that are not JSON
+        objects with an integer ``round`` (e.g. a partial last line) are skipped."""
+        try:
+            return parse_records(self.rounds_path.read_bytes())
+        except OSError:
+            return []
+
+    def read_checkpoint(self) -> Checkpoint:
+        """The committed checkpoint. Raises CampaignDirError (missing or malformed)."""
+        try:
+            data = self.checkpoint_path.read_bytes()
+        except OSError as exc:
+            raise CampaignDirError(f"campaign {self.dir} has no checkpoint ({exc.strerror or exc})") from exc
+        return parse_checkpoint(data, str(self.checkpoint_path))
+
+    def checkpoint_round(self) -> int | None:
+        """Round of the committed checkpoint; None if there is none or it is unreadable."""
+        try:
+            return self.read_checkpoint().round
+        except CampaignDirError:
+            return None
+
+    def view(self) -> CampaignView:
+        """:func:`campaign_view` of this directory. Raises CampaignDirError if
+        ``status.json`` is missing or malformed."""
+        status = self.read_status()
+        owner = status.get("owner") or ({"pid": status["pid"]} if status.get("pid") else None)
+        alive = identity_alive(owner) if owner else None
+        return campaign_view(status, self.checkpoint_round(), alive)
+
+    def temporaries(self) -> list[Path]:
+        """Temporary files a killed writer may leave (``.<name>.<random>.tmp``)."""
+        found = []
+        for d in (self.dir, self.checkpoint_path.parent):
+            if d.is_dir():
+                found += [p for p in d.iterdir() if p.name.startswith(".") and p.name.endswith(".tmp")]
+        return found
+
+    # -- coordinator side ---------------------------------------------------------------
+
+    def prepare(self, num_rounds: int, *, overwrite: bool, owner: dict) -> None:
+        """Make the directory ready for a new campaign and record ``starting`` with
+        ``owner`` (the coordinator process's identity).
+
+        Raises:
+            CampaignDirError: the path is a file; it holds a campaign and ``overwrite`` is
+                false; or it holds a campaign whose owner still runs (even with overwrite).
+        """
+        if self.dir.exists() and not self.dir.is_dir():
+            raise CampaignDirError(f"{self.dir} is a file; give a directory for the campaign")
+        if self.exists():
+            try:
+                old = self.read_status()
+            except CampaignDirError:
+                old = {}
+            owner = old.get("owner") or ({"pid": old["pid"]} if old.get("pid") else None)
+            if old.get("status") in ACTIVE and owner and identity_alive(owner) is True:
+                raise CampaignDirError(f"{self.dir} holds a campaign that is still {old['status']} (process "
+                                       f"{owner['pid']}); stop it first ('campaign status' shows it)")
+            if not overwrite:
+                raise CampaignDirError(f"{self.dir} already holds a campaign (a release may have been built from it); "
+                                       "choose a new --out or pass --overwrite")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for p in [self.rounds_path, self.checkpoint_path, self.status_path, self.log_path, *self.temporaries()]:
+            p.unlink(missing_ok=True)
+        self.num_rounds = num_rounds
+        self.status = {"status": "starting", "round": 0, "num_rounds": num_rounds, "error": None, "owner": owner,
+                       "started": time.time()}
+        self._write_status()
+
+    def recover(self) -> int:
+        """After the writer died: delete temporaries, drop a partial last line of
+        ``rounds.jsonl``, append the record of a committed round it lacks, and set the
+        status's round to the checkpoint's. Returns the last finished round.
+
+        Call only when no process writes here (the supervisor calls it after the whole
+        worker process tree is gone)."""
+        for tmp in self.temporaries():
+            tmp.unlink(missing_ok=True)
+        try:
+            ck: Checkpoint | None = self.read_checkpoint()
+        except CampaignDirError as exc:
+            if self.checkpoint_path.exists():
+                log.warning("recovering %s: %s", self.dir, exc)
+            ck = None
+        committed = ck.round if ck else 0
+        try:
+            raw = self.rounds_path.read_bytes()
+        except FileNotFoundError:
+            raw = b""
+        keep = raw[: raw.rfind(b"\n") + 1]  # a kill during the append leaves a partial last line
+        last = max((r["round"] for r in parse_records(keep)), default=0)
+        if ck is not None and ck.record is not None and ck.round > last:
+            keep += (json.dumps(ck.record) + "\n").encode()
+        if keep != raw:
+            atomic_write(self.rounds_path, keep, 0o644)
+        try:
+            self.status = self.read_status()
+        except CampaignDirError:
+            self.status = {"status": "running", "num_rounds": self.num_rounds, "error": None}
+        self.status["round"] = committed
+        self._write_status()
+        return committed
+
+    def mark_interrupted(self, signum: int) -> dict:
+        """Record that a signal stopped the campaign (after :meth:`recover`)."""
+        rnd = int(self.status.get("round", 0))
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = "a signal"
+        after = (f"after round {rnd}; the checkpoint of round {rnd} is intact" if rnd
+                 else "before the first round finished; there is no checkpoint")
+        self.status.update(status="interrupted", error=f"stopped by {name} (signal {signum}) {after}",
+                           stopped=time.time())
+        self._write_status()
+        return self.status
+
+    def mark_failed(self, error: str) -> dict:
+        """Record a failure the aggregator could not record itself (after :meth:`recover`);
+        keeps an error the aggregator did record."""
+        if self.status.get("status") in ACTIVE:
+            self.status.update(status="failed", error=error, stopped=time.time())
+            self._write_status()
+        return self.status
+
+    # -- aggregator side ----------------------------------------------------------------
+
+    def begin(self) -> None:
+        """Start recording a run: keep what the coordinator wrote (owner, Ray), set
+        ``running`` with this process as the worker (and as owner if there is none)."""
+        try:
+            self.status = self.read_status()
+        except CampaignDirError:
+            self.status = {}
+        me = identity()
+        self.status.update(status="running", round=0, num_rounds=self.num_rounds, error=None, worker=me,
+                           server_has_secret_key=None)
+        self.status.setdefault("owner", me)
+        self.status.setdefault("started", time.time())
+        self._write_status()
+
+    def amend_status(self, **kw: Any) -> None:
+        """Read ``status.json``, update ``kw`` and rewrite it (a writer other than the
+        aggregator, e.g. the worker recording which Ray it runs on). Raises CampaignDirError."""
+        self.status = self.read_status()
+        self.set_status(**kw)
 
     def set_status(self, **kw: Any) -> None:
-        """Update and atomically rewrite ``status.json`` (no-op once :data:`FROZEN` is set)."""
-        with STATUS_LOCK:
-            if FROZEN.is_set():
-                return
-            self.status.update(kw)
-            atomic_write(self.dir / "status.json", json.dumps(self.status, indent=2).encode(), 0o644)
+        """Update and atomically rewrite ``status.json``."""
+        self.status.update(kw)
+        self._write_status()
 
     def note(self, **kw: Any) -> None:
         """Add fields to the record of the round in progress."""
         self.current.update(kw)
 
+    def stage_checkpoint(self, server_round: int, model_ct: bytes, model_weight: float, stats_ct: bytes) -> None:
+        """Hold the round's aggregate until :meth:`end_round` commits it with the record."""
+        self._staged = Checkpoint(server_round, bytes(model_ct), float(model_weight), bytes(stats_ct))
+
     def end_round(self, server_round: int) -> None:
-        """Append the round's record to ``rounds.jsonl`` and advance ``status.json``."""
-        if FROZEN.is_set():
-            return
+        """Commit the round (checkpoint, then ``rounds.jsonl``, then ``status.json``).
+
+        Raises:
+            CampaignDirError: no aggregate was staged for ``server_round``.
+        """
+        staged = self._staged
+        if staged is None or staged.round != server_round:
+            raise CampaignDirError(f"round {server_round} ends without a staged aggregate; nothing to commit")
         rec = {"round": server_round, **self.current}
-        with open(self.dir / "rounds.jsonl", "a") as fh:
-            fh.write(json.dumps(rec) + "\n")
-        self.current = {}
+        self._commit_checkpoint(Checkpoint(staged.round, staged.model_ct, staged.model_weight, staged.stats_ct, rec))
+        line = (json.dumps(rec) + "\n").encode()
+        fd = os.open(self.rounds_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.current, self._staged = {}, None
         self.set_status(round=server_round)
 
-    def rounds(self) -> list[dict]:
-        """All finished rounds, oldest first. A line that is not a JSON object (e.g. a
-        partial last line while the aggregator writes) is skipped."""
-        p = self.dir / "rounds.jsonl"
-        if not p.exists():
-            return []
-        out = []
-        for line in p.read_text(errors="replace").splitlines():
-            try:
-                rec = json.loads(line)
-            except (ValueError, RecursionError):
-                continue
-            if isinstance(rec, dict) and isinstance(rec.get("round"), int):
-                out.append(rec)
-        return out
+    # -- writing ------------------------------------------------------------------------
+
+    def _write_status(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.status_path, json.dumps(self.status, indent=2).encode(), 0o644)
+
+    def _commit_checkpoint(self, ck: Checkpoint) -> None:
+        path = self.checkpoint_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            os.fchmod(fd, 0o644)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(checkpoint_bytes(ck))
+                fh.flush()
+                os.fsync(fh.fileno())
+            testpoint("checkpoint", ck.round)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
 
 
-def save_checkpoint(campaign_dir: str | Path, server_round: int, model_ct: bytes, model_weight: float, stats_ct: bytes) -> Path:
-    """Atomically write ``checkpoint/global.npz`` (see module docstring). Returns its path."""
-    import io
+#: The aggregator's name for the campaign directory (kept for callers of sealfl 0.1).
+RoundLog = CampaignDir
 
-    buf = io.BytesIO()
-    np.savez(buf, model_ct=np.frombuffer(model_ct, np.uint8), model_weight=np.array([model_weight], np.float64),
-             stats_ct=np.frombuffer(stats_ct, np.uint8), round=np.array([server_round], np.int64))
-    path = Path(campaign_dir) / "checkpoint" / "global.npz"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, buf.getvalue(), 0o644)
-    return path
+
+def save_checkpoint(campaign_dir: str | Path, server_round: int, model_ct: bytes, model_weight: float,
+                    stats_ct: bytes, record: dict | None = None) -> Path:
+    """Commit a checkpoint directly (tools and tests that fabricate a campaign). Returns its path."""
+    cd = CampaignDir(campaign_dir)
+    cd._commit_checkpoint(Checkpoint(server_round, bytes(model_ct), float(model_weight), bytes(stats_ct),
+                                     record if record is not None else {"round": server_round}))
+    return cd.checkpoint_path
 
 
 def load_checkpoint(campaign_dir: str | Path) -> dict:
-    """Read ``checkpoint/global.npz``: ``{"model_ct": bytes, "model_weight": float,
-    "stats_ct": bytes, "round": int}``. Raises FileNotFoundError if there is none."""
-    with np.load(Path(campaign_dir) / "checkpoint" / "global.npz") as z:
-        return {"model_ct": z["model_ct"].tobytes(), "model_weight": float(z["model_weight"][0]),
-                "stats_ct": z["stats_ct"].tobytes(), "round": int(z["round"][0])}
+    """The committed checkpoint as ``{"model_ct": bytes, "model_weight": float,
+    "stats_ct": bytes, "round": int}``. Raises CampaignDirError (missing or malformed)."""
+    return CampaignDir(campaign_dir).read_checkpoint().to_dict()

@@ -28,3 +28,8 @@ class ReplyError(ServerError):
         super().__init__(f"{field}: {reason}")
         self.field = field
         self.reason = reason
+
+
+class CampaignDirError(ServerError):
+    """A file of the campaign directory (``status.json``, ``rounds.jsonl``, the checkpoint)
+    is missing, malformed or inconsistent; the message names the file and the field."""

@@ -34,9 +34,10 @@ from flwr.serverapp.strategy import FedAvg
 
 from sealfl.common import protocol as P
 from sealfl.common.he import CKKSCodec
+from sealfl.common.testpoints import testpoint
 
 from .aggregate import Validated, sum_chunks
-from .bookkeeping import RoundLog, save_checkpoint
+from .bookkeeping import CampaignDir
 from .errors import NotEnoughPartnersError, SecretKeyPresentError
 from .intake import Roster, screen
 from .validation import ReplyLimits, parse_eval_reply, parse_train_reply
@@ -81,7 +82,9 @@ class EncryptedFedAvg(FedAvg):
         roster: who is who (bound in the statistics round) and what each partner declared.
         limits: caps on what partners may report.
         min_partners: fewest valid updates a round may aggregate.
-        round_log: where round records and checkpoints go (optional).
+        round_log: the campaign directory: the round's aggregate is staged in
+            ``aggregate_train`` and committed with its record when the round ends
+            (``aggregate_evaluate``), see :mod:`sealfl.server.bookkeeping` (optional).
         shards: Ray tasks for summation of large models (1 = in-process; on 2 cores the
             2-task Ray sum was slower than in-process at every size in bench/he_bench.py).
         wait_s: longest wait for ``min_partners`` connected partner nodes per round.
@@ -90,7 +93,7 @@ class EncryptedFedAvg(FedAvg):
     """
 
     def __init__(self, codec: CKKSCodec, n_params: int, *, roster: Roster, limits: ReplyLimits | None = None,
-                 min_partners: int = 2, round_log: RoundLog | None = None, shards: int = 1, wait_s: float = 600.0):
+                 min_partners: int = 2, round_log: CampaignDir | None = None, shards: int = 1, wait_s: float = 600.0):
         if codec.has_secret_key:
             raise SecretKeyPresentError("the aggregator's CKKS context holds a secret key; give it the public context")
         super().__init__(
@@ -166,6 +169,7 @@ class EncryptedFedAvg(FedAvg):
         if self.stats_ct is None or self.stats_n is None:
             raise NotEnoughPartnersError("the statistics ciphertext is missing from the global record")
         upd = {p: screened.accepted[p] for p in accepted}
+        testpoint("aggregate", server_round)
         model_ct = sum_chunks(self.codec, Validated({p: r.chunks for p, r in upd.items()}, rejected), self.n_params,
                               shards=self.shards)
         total = sum(r.n for r in upd.values())
@@ -183,7 +187,7 @@ class EncryptedFedAvg(FedAvg):
                 ciphertext_bytes_in=bytes_in, aggregate_bytes=len(model_ct),
                 fp32_bytes_per_update=4 * self.n_params, aggregate_seconds=time.perf_counter() - t0,
             )
-            save_checkpoint(self.round_log.dir, server_round, model_ct, total, self.stats_ct)
+            self.round_log.stage_checkpoint(server_round, model_ct, total, self.stats_ct)
         log.info("round %d: added %d ciphertexts (%d bytes), rejected %d", server_round, len(accepted), bytes_in, len(rejected))
         metrics = MetricRecord({"train_loss": loss, "accepted": len(accepted), "rejected": len(rejected)})
         return record, metrics
@@ -193,7 +197,7 @@ class EncryptedFedAvg(FedAvg):
         passes :func:`parse_eval_reply` (counts are integers, correct <= n, n equal to
         the partner's earlier n, accuracy = correct/n, loss finite and bounded); per-partner
         figures and refusals (``eval_rejected``) go to the round log, which closes the round
-        (also when no reply counts: ``pooled_test_accuracy`` is then NaN)."""
+        (also when no reply counts: ``pooled_test_accuracy`` is then null)."""
         roster = self.roster
         screened = screen(
             replies, self._sent, roster,
@@ -207,7 +211,7 @@ class EncryptedFedAvg(FedAvg):
         n = sum(v["n"] for v in per.values())
         acc = sum(v["correct"] for v in per.values()) / n if n else float("nan")
         if self.round_log is not None:
-            self.round_log.note(pooled_test_accuracy=acc, per_partner=per,
+            self.round_log.note(pooled_test_accuracy=acc if per else None, per_partner=per,
                                 eval_rejected={**self._absent, **screened.rejected},
                                 round_seconds=time.perf_counter() - self._t_round)
             self.round_log.end_round(server_round)

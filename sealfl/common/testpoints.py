@@ -1,0 +1,114 @@
+"""Test-only pause points: make "interrupt at stage X" deterministic.
+
+A long command passes named stages (below). When the environment variable
+``SEALFL_PAUSE_AT`` names a stage, the first process to reach it writes the event file
+``$SEALFL_PAUSE_DIR/<stage>.reached`` (JSON ``{"stage", "round", "pid"}``, published
+complete with ``link(2)``, so exactly one process writes it) and then blocks until it is
+killed. A test waits for that file (never for a time), sends its signal, and checks the
+outcome. With the variable unset -- always, outside tests -- :func:`testpoint` returns
+at once.
+
+``SEALFL_PAUSE_AT`` is ``<stage>`` or ``<stage>@<round>`` (pause only in that training
+round). The environment reaches every process of a run: the CLI, the campaign worker,
+Ray's raylet and the Ray workers that run the partners' handlers.
+
+Stages (where they sit):
+
+============== ==================================================================
+before-ray     campaign / evaluation worker, before Ray starts or is attached
+train          a partner's train handler (a Ray worker process), before training
+aggregate      the aggregator's ``aggregate_train``, before ciphertexts are added
+checkpoint     writing the round's checkpoint: temp file written, not yet renamed
+gate-query     a partner's handler of the release gate's query round (Ray worker)
+============== ==================================================================
+
+The idea is the failpoint of etcd's ``gofail`` / TiKV's ``fail-rs``, reduced to "pause".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+
+from .errors import SealflError
+
+log = logging.getLogger(__name__)
+
+ENV_STAGE = "SEALFL_PAUSE_AT"
+ENV_DIR = "SEALFL_PAUSE_DIR"
+STAGES = ("before-ray", "train", "aggregate", "checkpoint", "gate-query")
+
+__all__ = ["ENV_STAGE", "ENV_DIR", "STAGES", "parse_spec", "check_environment", "testpoint", "event_path"]
+
+
+class TestpointError(SealflError):
+    """``SEALFL_PAUSE_AT`` / ``SEALFL_PAUSE_DIR`` are set wrongly (a test harness bug)."""
+
+    __test__ = False  # not a pytest test class
+
+
+def parse_spec(spec: str) -> tuple[str, int | None]:
+    """``"train@2"`` -> ``("train", 2)``; ``"before-ray"`` -> ``("before-ray", None)``.
+
+    Raises:
+        TestpointError: unknown stage or a round that is not a positive integer.
+    """
+    stage, sep, rnd = spec.strip().partition("@")
+    if stage not in STAGES:
+        raise TestpointError(f"{ENV_STAGE}={spec!r}: unknown stage {stage!r}; stages: {', '.join(STAGES)}")
+    if not sep:
+        return stage, None
+    if not rnd.isdigit() or int(rnd) < 1:
+        raise TestpointError(f"{ENV_STAGE}={spec!r}: the round after '@' must be a positive integer")
+    return stage, int(rnd)
+
+
+def check_environment(environ: dict | None = None) -> tuple[str, int | None] | None:
+    """Validate the pause-point variables (call once at start-up so a typo fails loudly
+    instead of never pausing). Returns the parsed spec, or None when unset.
+
+    Raises:
+        TestpointError: bad stage, or ``SEALFL_PAUSE_DIR`` unset / not a directory.
+    """
+    env = os.environ if environ is None else environ
+    spec = env.get(ENV_STAGE)
+    if not spec:
+        return None
+    parsed = parse_spec(spec)
+    d = env.get(ENV_DIR)
+    if not d or not os.path.isdir(d):
+        raise TestpointError(f"{ENV_STAGE} is set but {ENV_DIR}={d!r} is not an existing directory")
+    return parsed
+
+
+def event_path(stage: str, directory: str | os.PathLike | None = None) -> str:
+    """The event file a process writes when it pauses at ``stage``."""
+    return os.path.join(os.fspath(directory if directory is not None else os.environ[ENV_DIR]), f"{stage}.reached")
+
+
+def testpoint(stage: str, round: int | None = None) -> None:  # noqa: A002 - "round" is the domain word
+    """Pause here if the environment asks for ``stage`` (and ``round``); else return.
+
+    Pausing writes the event file (first process only) and blocks this thread forever;
+    the test's signal to the supervisor ends the process tree.
+    """
+    spec = os.environ.get(ENV_STAGE)
+    if not spec:
+        return
+    want, want_round = parse_spec(spec)
+    if want != stage or (want_round is not None and want_round != round):
+        return
+    path = event_path(stage)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as fh:  # complete before it becomes visible under its name
+        fh.write(json.dumps({"stage": stage, "round": round, "pid": os.getpid()}))
+    try:
+        os.link(tmp, path)  # exactly one process publishes the event
+    except FileExistsError:
+        pass  # another partner got here first; pause as well
+    finally:
+        os.unlink(tmp)
+    log.warning("test pause point %r reached (round %s, pid %d): blocking until killed", stage, round, os.getpid())
+    threading.Event().wait()
