@@ -9,7 +9,7 @@ from sealfl.clients.causal_lm.lora import (AdapterError, LMTrainConfig, LoraSpec
                                            flatten_adapters, init_adapters, load_adapters, n_adapter_params,
                                            trainable_names, train_local)
 from sealfl.clients.causal_lm.text import token_blocks
-from sealfl.platform.llm.merge import merge_adapters
+from sealfl.clients.causal_lm.merge import merge_adapters
 
 SPEC = LoraSpec(r=4, alpha=8, targets=("q_proj", "v_proj"))
 

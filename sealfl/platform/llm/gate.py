@@ -1,6 +1,6 @@
 """The quality gate of a causal-LM release: each quantised variant against the fp32 merged model.
 
-Scored on held-out text blocks (int64 (n, L)) -- in a campaign, by each partner on its own
+Scored (:mod:`sealfl.clients.causal_lm.scoring`) on held-out text blocks (int64 (n, L)) -- in a campaign, by each partner on its own
 held-out text (only the counts below leave the partner) -- with two independent
 implementations:
 
@@ -31,11 +31,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sealfl.enclave.llm_decode import KVDecoder
+from sealfl.clients.causal_lm.scoring import candidate_scores, reference_scores
 
 from ..errors import ReleaseError
 
-__all__ = ["THRESHOLDS", "GateCounts", "reference_scores", "candidate_scores", "compare", "check_gate"]
+__all__ = ["THRESHOLDS", "GateCounts", "reference_scores", "candidate_scores", "compare", "check_gate"]  # scores re-exported
 
 THRESHOLDS = {
     "int4": {"min_top1_agreement": 0.88, "max_perplexity_ratio": 1.05},
@@ -79,49 +79,6 @@ class GateCounts:
         return {"positions": self.positions, "top1_agreement": self.agreement,
                 "perplexity_fp32": self.perplexity_reference, "perplexity": self.perplexity_candidate,
                 "perplexity_ratio": self.perplexity_candidate / self.perplexity_reference if self.positions else None}
-
-
-def _nll_rows(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    """-log softmax(logits)[target] per row, float64."""
-    x = np.asarray(logits, dtype=np.float64)
-    m = x.max(axis=-1, keepdims=True)
-    lse = np.log(np.exp(x - m).sum(axis=-1)) + m[:, 0]
-    return lse - x[np.arange(len(targets)), targets]
-
-
-def reference_scores(model, blocks: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per block: (top-1 ids int64 (L-1,), NLL float64 (L-1,)) of the torch reference."""
-    import torch
-
-    out = []
-    model.eval()
-    with torch.no_grad():
-        for b in np.asarray(blocks):
-            logits = model(input_ids=torch.as_tensor(b[None], dtype=torch.long)).logits[0, :-1].double().numpy()
-            out.append((logits.argmax(-1), _nll_rows(logits, b[1:])))
-    return out
-
-
-def candidate_scores(model_bytes: bytes, blocks: np.ndarray, head_dim: int, prefill: int,
-                     threads: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per block: (top-1 ids, NLL) of a candidate ONNX model run as the device runs it.
-
-    Raises:
-        ValueError: the model does not follow the decoding contract, or ``prefill`` is not
-            in ``[1, L]``.
-    """
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    dec = KVDecoder(ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"]),
-                    max_context=int(np.asarray(blocks).shape[1]) + 1, head_dim=head_dim)
-    out = []
-    for b in np.asarray(blocks):
-        logits = dec.teacher_forced(b.tolist(), prefill)[:-1]
-        out.append((logits.argmax(-1), _nll_rows(logits, b[1:])))
-    return out
 
 
 def compare(reference: list, candidate: list) -> GateCounts:

@@ -38,7 +38,7 @@ from ..errors import ReleaseError
 from .canary import build_llm_canary
 from .export import export_fp32
 from .gate import THRESHOLDS, GateCounts, candidate_scores, check_gate, compare, reference_scores
-from .merge import merge_adapters
+from sealfl.clients.causal_lm.merge import merge_adapters
 from .quantize import SCHEMES, QuantizeError, quantize_llm
 
 __all__ = ["VARIANTS", "LLMBuild", "build_candidates", "score_candidates", "llm_release_files"]
