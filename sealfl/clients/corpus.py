@@ -108,8 +108,11 @@ def find_sources_dir(explicit: str | os.PathLike | None = None) -> Path:
             raise CorpusError(f"corpus directory {p} does not exist; point {SOURCES_ENV} at the "
                               "documentation's _sources directory")
         return p
-    found = sorted(glob.glob(_DEFAULT_GLOB), key=lambda s: [int(x) if x.isdigit() else x
-                                                            for x in s.replace(".", "/").split("/")])
+    # Debian links several python3* doc directories to the one real python3.X/html; use
+    # each real directory once, the highest Python version
+    real = {os.path.realpath(p) for p in glob.glob(_DEFAULT_GLOB)}
+    found = sorted((p for p in real if os.path.isdir(os.path.join(p, "tutorial"))),
+                   key=lambda s: [int(x) if x.isdigit() else x for x in s.replace(".", "/").split("/")])
     if not found:
         raise CorpusError("the Python documentation sources are not installed (no "
                           f"{_DEFAULT_GLOB}); run 'make llm-deps' (apt-get install python3-doc) "

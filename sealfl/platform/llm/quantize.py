@@ -23,6 +23,15 @@ layout of llama.cpp's ggml blocks, ggml-quants.c):
   ``d = (max - min) / 255``; Q4_1 blocks map exactly onto this grid, ``q8 = 17 * q4``),
   head and embedding as in ``int4``.
 
+Adapted layers: the merged LoRA update of a layer is small next to the base's 4-bit step
+(after a few rounds |B A scale| is a fraction of ``d``), so re-quantising a merged layer
+at 4 bits rounds much of the fine-tuning away. Measured on SmolLM2 after 3 LoRA steps
+(1,016 held-out positions): all layers 4-bit -> INT4 top-1 agreement with the fp32 merged
+model 0.858, perplexity ratio 1.154; INT8 0.944 / 1.027. So in the ``int4`` scheme the
+layers the adapters changed (``q_proj``/``v_proj``, fused as ``qkv_proj`` in the export)
+stay 8-bit asymmetric (``eight_bit``): +8 MB for SmolLM2, and the other layers keep
+the base's Q4_1 blocks exactly.
+
 Activations: ``accuracy_level = 4`` -- onnxruntime quantises each row's activations per
 block of 32 to int8 at run time (MatMulNBits spec, com.microsoft). The scale of a block
 depends only on that row, so a row's answer never depends on other rows of the batch;
@@ -205,7 +214,7 @@ def _check_wiring(graph, scheme: str) -> None:
         raise QuantizeError(f"{scheme} quantisation produced an invalid model: outputs {undefined} are not computed")
 
 
-def quantize_llm(model_bytes_or_proto, scheme: str = "int4") -> bytes:
+def quantize_llm(model_bytes_or_proto, scheme: str = "int4", eight_bit: tuple[str, ...] = ()) -> bytes:
     """Quantise a float32 causal-LM ONNX graph (as exported by :mod:`.export`).
 
     Every ``MatMul`` with a constant 2-D float weight is replaced (module docstring); the
@@ -217,6 +226,8 @@ def quantize_llm(model_bytes_or_proto, scheme: str = "int4") -> bytes:
     Args:
         model_bytes_or_proto: ``onnx.ModelProto`` or its bytes (external data loaded).
         scheme: ``"int4"`` or ``"int8"`` (:data:`SCHEMES`).
+        eight_bit: node-name fragments of layers kept at 8 bits in any scheme -- the
+            layers the adapters changed (see "Adapted layers" in the module docstring).
 
     Returns:
         the serialised quantised model (one file, no external data).
@@ -261,8 +272,9 @@ def quantize_llm(model_bytes_or_proto, scheme: str = "int4") -> bytes:
                                           block_size=BLOCK, accuracy_level=cfg["accuracy_level"]))
             head = (node.input[1], q, d, names)
             continue
+        bits = 8 if any(f in prefix for f in eight_bit) else cfg["body_bits"]
         try:
-            _nbits_node(helper, numpy_helper, prefix, node.input[0], node.output[0], w, cfg["body_bits"],
+            _nbits_node(helper, numpy_helper, prefix, node.input[0], node.output[0], w, bits,
                         cfg["accuracy_level"], new_inits, nodes)
         except QuantizeError as exc:
             raise QuantizeError(f"node {prefix}: {exc}") from exc

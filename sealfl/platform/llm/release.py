@@ -106,8 +106,9 @@ def build_candidates(bundle: LMBundle, spec: LoraSpec, adapters: np.ndarray) -> 
         proto = export_fp32(merged, bundle.tokenizer_json, bundle.chat_template, bundle.generation, work)
     t["export"] = time.perf_counter() - t0
     t0 = time.perf_counter()
+    adapted = tuple(spec.targets) + (("qkv_proj",) if {"q_proj", "k_proj", "v_proj"} & set(spec.targets) else ())
     try:
-        variants = {v: quantize_llm(proto, v) for v in VARIANTS}
+        variants = {v: quantize_llm(proto, v, eight_bit=adapted) for v in VARIANTS}
     except QuantizeError as exc:
         raise ReleaseError(f"cannot quantise the merged model: {exc}") from exc
     t["quantize"] = time.perf_counter() - t0
