@@ -181,19 +181,20 @@ def partner_check(
     load the partner's own data split. Nothing leaves this machine."""
     import numpy as np
 
-    from sealfl.clients.data import load_partition
     from sealfl.clients.kit import load_kit
+    from sealfl.clients.tasks import get_task
 
     try:
         k = load_kit(str(kit))
         probe = np.array([1.25, -2.5, 3.0])
         err_max = float(np.max(np.abs(k.codec.decrypt(k.codec.encrypt(probe)) - probe)))
-        part = load_partition(k.partner)
+        task = get_task(k.task)
+        data = task.load_data(k.partner, task.train_defaults())
     except (SealflError, OSError) as exc:
         fail(str(exc))
-    console.print(f"partner [bold]{k.partner}[/] of consortium {k.consortium}: CKKS secret unwrapped "
-                  f"(context {k.codec.context_id.hex()[:16]}…, round-trip error {err_max:.1e}); "
-                  f"data: {part.n_train} training rows, {len(part.y_test)} test rows")
+    console.print(f"partner [bold]{k.partner}[/] of consortium {k.consortium} (task {task.name}): CKKS secret "
+                  f"unwrapped (context {k.codec.context_id.hex()[:16]}…, round-trip error {err_max:.1e}); "
+                  f"data: {task.n_train(data)} training examples")
 
 
 # ---- release ---------------------------------------------------------------------------
