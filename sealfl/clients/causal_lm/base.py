@@ -169,6 +169,8 @@ def _load(path: Path, pin: BaseModelPin) -> LMBundle:
     data = read_pinned(path, pin.sha256, pin.size)
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    quiet = os.environ.get("TQDM_DISABLE")
+    os.environ["TQDM_DISABLE"] = "1"  # transformers' GGUF conversion draws its own tqdm bar
     with tempfile.TemporaryDirectory(prefix="sealfl-base-") as tmp:
         os.chmod(tmp, 0o700)
         (Path(tmp) / pin.file).write_bytes(data)
@@ -178,6 +180,11 @@ def _load(path: Path, pin: BaseModelPin) -> LMBundle:
             model = AutoModelForCausalLM.from_pretrained(tmp, gguf_file=pin.file, dtype=torch.float32)
         except Exception as exc:  # transformers raises many types on a malformed file
             raise BaseModelError(f"cannot parse the base model {path}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            if quiet is None:
+                os.environ.pop("TQDM_DISABLE", None)
+            else:
+                os.environ["TQDM_DISABLE"] = quiet
     # The GGUF loader marks the model as "quantized"; its weights are plain float32 now.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):

@@ -112,7 +112,7 @@ class CausalLMTask:
         return init_adapters(model, self.spec, seed)
 
     def train_defaults(self) -> dict:
-        return {"local-steps": 6, "batch-size": 4, "lr": 3e-3, "block-len": 128, "eval-blocks": 8, "seed": 0}
+        return {"local-steps": 8, "batch-size": 4, "lr": 4e-3, "block-len": 128, "eval-blocks": 8, "seed": 0}
 
     # -- partner side -------------------------------------------------------------------
 
@@ -154,8 +154,10 @@ class CausalLMTask:
         return int(len(data.train))
 
     def train_round(self, params, data: LMData, mean, std, config: Mapping, seed: int) -> tuple[np.ndarray, dict]:
-        cfg = LMTrainConfig(steps=int(config.get("local-steps", 6)), batch_size=int(config.get("batch-size", 4)),
-                            lr=float(config.get("lr", 3e-3)), seed=int(config.get("seed", 0)))
+        d = self.train_defaults()
+        cfg = LMTrainConfig(steps=int(config.get("local-steps", d["local-steps"])),
+                            batch_size=int(config.get("batch-size", d["batch-size"])),
+                            lr=float(config.get("lr", d["lr"])), seed=int(config.get("seed", d["seed"])))
         return train_local(self._peft_model(), self.spec, params, data.train, cfg, cfg.seed + seed)
 
     def evaluate_round(self, params, data: LMData, mean, std) -> dict:

@@ -17,11 +17,13 @@ add up). The gate (:func:`check_gate`) passes a variant if its top-1 agreement i
 least ``min_top1_agreement`` and its perplexity at most ``max_perplexity_ratio`` times the
 reference's (thresholds per variant in :data:`THRESHOLDS`, written into the release).
 
-Thresholds from measurement (SmolLM2-135M base, 1,020 positions of held-out text from the
-four manuals; :mod:`.quantize`): int4 agreement 0.943, perplexity ratio 1.021; int8
-0.937 and 1.004 -- both limited by the int8 activations, not by the weights. The bounds
-leave room for partners' text that differs from the measured sample while refusing what
-the measurements show a weaker scheme does (symmetric INT4: 0.69 and 1.29).
+Thresholds from measurement (SmolLM2-135M, held-out text of the four manuals;
+``bench/llm_quant.md``): base model int4 agreement 0.943 / perplexity ratio 1.021, int8
+0.937 / 1.004; after LoRA int4 0.931 / 1.016, int8 0.944 / 1.027 and, in a one-step
+campaign, int8 1.039 -- both variants are limited by the int8 activations, not by the
+weights (the base's Q4_1 blocks fit both grids exactly). The bounds (0.88, 1.05) leave
+room for that spread while refusing what a weaker scheme does (symmetric INT4: 0.69 and
+1.29; 4-bit re-quantised adapted layers: 0.86 and 1.15).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ __all__ = ["THRESHOLDS", "GateCounts", "reference_scores", "candidate_scores", "
 
 THRESHOLDS = {
     "int4": {"min_top1_agreement": 0.88, "max_perplexity_ratio": 1.05},
-    "int8": {"min_top1_agreement": 0.88, "max_perplexity_ratio": 1.03},
+    "int8": {"min_top1_agreement": 0.88, "max_perplexity_ratio": 1.05},
 }
 
 
