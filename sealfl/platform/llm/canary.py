@@ -22,10 +22,10 @@ CANARY_PROMPTS = ("What is a Python list?", "How do I read a file line by line?"
                   "Explain what a decorator does.", "What does the with statement do?")
 CANARY_NEW_TOKENS = 16
 #: Measured between two kernel paths on one CPU (prefill vs token by token, int8
-#: activations): agreement 0.94, mean |Δ max logit| ~0.2 (module docstring of
-#: sealfl.attestation.llm_canary). A broken kernel gives < 0.5 and several logits.
-MIN_AGREEMENT = 0.75
-MAX_MEAN_ABS_DIFF = 1.0
+#: activations): agreement 0.93, mean |Δ max logit| 0.29; a model 3 LoRA steps apart:
+#: 0.84 / 0.72 (module docstring of sealfl.attestation.llm_canary).
+MIN_AGREEMENT = 0.80
+MAX_MEAN_ABS_DIFF = 0.6
 
 
 def build_llm_canary(model_bytes: bytes, tokenizer_json: bytes, chat_template: str, generation: dict,
