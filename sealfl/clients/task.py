@@ -78,6 +78,7 @@ class HeartTask:
     name = "heart"
     release_kind = "tabular"
     partners = HOSPITALS
+    partners_doc = "the FLamby hospitals"
     #: the release gate's query: each candidate ONNX gets {correct, n}; no float sums
     candidate_sums: tuple[str, ...] = ()
     reference_candidates: tuple[str, ...] = ()

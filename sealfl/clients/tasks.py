@@ -48,6 +48,7 @@ class Task(Protocol):
     stats_length: int
     decrypt_bounds: DecryptBounds
     partners: tuple[str, ...]
+    partners_doc: str
     candidate_sums: tuple[str, ...]
     reference_candidates: tuple[str, ...]
 

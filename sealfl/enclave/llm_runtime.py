@@ -48,12 +48,9 @@ from .errors import RuntimeSandboxError
 from .llm_decode import SamplingParams
 from .runtime import DEFAULT_MEMORY_LIMIT_BYTES, SandboxedRuntime
 
-__all__ = ["ChatTemplate", "GenerationResult", "LLMRuntime", "LLM_RELEASE_FILES", "emit_limit"]
+__all__ = ["ChatTemplate", "GenerationResult", "LLMRuntime", "emit_limit"]
 
 log = logging.getLogger(__name__)
-
-#: Payload files of an LLM release besides the model file(s).
-LLM_RELEASE_FILES = ("tokenizer.json", "chat_template.jinja", "generation_config.json")
 
 
 class ChatTemplate:

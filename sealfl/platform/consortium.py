@@ -91,13 +91,13 @@ def create_consortium(d: str | Path, name: str, partners: list[str], *, params: 
     if len(set(slugs)) != len(slugs) or "" in slugs:
         raise ConsortiumError(f"partner names must map to distinct directory names, got {dict(zip(partners, slugs))}")
     try:
-        known = get_task(task).partners
+        the_task = get_task(task)
     except ClientError as exc:
         raise ConsortiumError(str(exc)) from exc
-    unknown = [p for p in partners if p not in known]
+    unknown = [p for p in partners if p not in the_task.partners]
     if unknown:
-        raise ConsortiumError(f"the {task} task has data for the partners {', '.join(known)} only; "
-                              f"unknown partner(s): {', '.join(unknown)}")
+        raise ConsortiumError(f"the {task} task has data for {the_task.partners_doc} {', '.join(the_task.partners)} "
+                              f"only; unknown partner(s): {', '.join(unknown)}")
     t0 = time.perf_counter()
     codec = CKKSCodec.generate(params)
     secret = codec.secret_context_bytes()

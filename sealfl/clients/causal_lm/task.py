@@ -72,6 +72,7 @@ class CausalLMTask:
     name = "causal-lm"
     release_kind = "causal-lm"
     partners = tuple(PARTNER_MANUALS)
+    partners_doc = "the Python documentation manuals"
     spec = LoraSpec()
     stats_length = 3
     #: LoRA values stay far below 100 (A starts within ±1/sqrt(576) ≈ 0.04, B at 0); a
