@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 def test_kind_real_model_one_round_release_and_device_generate(tmp_path):
     assert locate_base_gguf().stat().st_size == BASE_MODEL.size
-    report = run_llm_demo(tmp_path / "llm-out", rounds=1, local_steps=1)
+    report = run_llm_demo(tmp_path / "llm-out", rounds=1, local_steps=1, eval_blocks=2)
     saved = json.loads((tmp_path / "llm-out" / "report.json").read_text())
     assert saved["release"]["root_digest"] == report["release"]["root_digest"]
     for key in ("partners", "perplexity_before", "perplexity_after", "per_partner", "gate", "sample", "time"):

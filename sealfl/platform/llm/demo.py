@@ -103,8 +103,9 @@ def run_device(trust: Path, release_dir: Path, state: Path, prompt: str, log_pat
 
 
 def run_llm_demo(out: Path, *, rounds: int = 3, local_steps: int = 8, ray_address: str | None = None,
-                 console: Console | None = None) -> dict:
+                 console: Console | None = None, eval_blocks: int = 8) -> dict:
     """Run the LLM demo into ``out``; returns the report (also ``out/report.json``).
+    ``eval_blocks``: held-out blocks of 128 tokens each partner scores (evaluation and gate).
 
     Raises:
         PlatformError: ``out`` holds something other than an earlier LLM demo, or the
@@ -134,7 +135,7 @@ def run_llm_demo(out: Path, *, rounds: int = 3, local_steps: int = 8, ray_addres
     t0 = time.perf_counter()
     camp = run_campaign_with_progress(
         CampaignSpec(str(cons.dir), str(out / "campaign"), rounds=rounds, local_epochs=local_steps,
-                     ray_address=ray_address, timeout_s=1800.0), console)
+                     ray_address=ray_address, timeout_s=1800.0, extra={"eval-blocks": int(eval_blocks)}), console)
     times["campaign"] = time.perf_counter() - t0
     history = [{"round": r["round"], "next_token_accuracy": r.get("pooled_test_accuracy"),
                 "seconds": r.get("round_seconds")} for r in camp.rounds]
@@ -171,9 +172,8 @@ def run_llm_demo(out: Path, *, rounds: int = 3, local_steps: int = 8, ray_addres
         "task": "causal-lm",
         "partners": cons.partners,
         "rounds": len(camp.rounds),
-        "settings": {"local_steps": local_steps, **{k: v for k, v in task.train_defaults().items()
-                                                   if k not in ("local-steps",)}, "lora": task.spec.to_dict(),
-                     "adapter_values": task.n_params},
+        "settings": {**task.train_defaults(), "local-steps": local_steps, "eval-blocks": int(eval_blocks),
+                     "lora": task.spec.to_dict(), "adapter_values": task.n_params},
         "perplexity_before": rep["perplexity"]["before"],
         "perplexity_after": rep["perplexity"]["after"],
         "perplexity_ratio": rep["perplexity"]["after"] / rep["perplexity"]["before"],
