@@ -195,6 +195,7 @@ def _evaluate_candidates(msg: Message, kit: PartnerKit, task, name: str) -> Mess
     the task's float sums, e.g. summed NLL) only. A task that scores against the global
     model (causal-lm: the fp32 merged reference) gets it from the query's encrypted
     ``global`` record, decrypted here like a training round's."""
+    testpoint("gate-query")
     cfg = msg.content[P.CONFIG]
     data = task.load_data(name, cfg)
     params = mean = std = None
