@@ -8,8 +8,8 @@ import stat
 
 import numpy as np
 import pytest
-from conftest_release import MODEL_FILE, default_payload, enclave, make_onnx_model, trust_dir  # noqa: F401
-from conftest_release import signed_release_files, write_signed_release
+from conftest import MODEL_FILE, default_payload, make_onnx_model
+from conftest import signed_release_files, write_signed_release
 from onnx import TensorProto, helper, numpy_helper
 
 from sealfl.attestation.errors import VerificationError

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import onnxruntime as ort
 import pytest
-from conftest_release import make_onnx_model, sample_inputs
+from conftest import make_onnx_model, sample_inputs
 
 from sealfl.enclave.errors import RuntimeSandboxError
 from sealfl.enclave.runtime import SandboxedRuntime
