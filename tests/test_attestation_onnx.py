@@ -17,7 +17,7 @@ from sealfl.attestation.onnx_check import check_self_contained, external_tensors
 from sealfl.attestation.release import load_trust_anchors, verify_release
 from sealfl.enclave.device import boot, read_device_state
 from sealfl.enclave.errors import BootError
-from sealfl.enclave.runtime import SandboxedRuntime
+from sealfl.common.sandbox import SandboxedRuntime
 
 
 def _external(name: str, location: str, shape=(4, 1)) -> TensorProto:

@@ -11,7 +11,7 @@ import pytest
 from conftest import make_onnx_model, sample_inputs
 
 from sealfl.enclave.errors import RuntimeSandboxError
-from sealfl.enclave.runtime import SandboxedRuntime
+from sealfl.common.sandbox import SandboxedRuntime
 
 
 def _pid_alive(pid: int) -> bool:
