@@ -15,20 +15,12 @@ from __future__ import annotations
 from typing import Callable
 from uuid import uuid4
 
-import pytest
 from flwr.app import Context, Message, RecordDict
 from flwr.server.superlink.linkstate.utils import create_message_error_unavailable_res_message
 
 import faults_partner
 
 
-@pytest.fixture
-def server_identity(monkeypatch):
-    """The identity a ServerApp process has when it creates messages (run 1, SuperLink node 1)."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    for attr in ("_run_id", "_node_id", "_task_id"):
-        monkeypatch.setattr(TaskIdentity, attr, 1, raising=False)
 
 
 class FakeGrid:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest_release import MODEL_FILE, default_payload
+from conftest import MODEL_FILE, default_payload
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 
-import conftest_release  # noqa: F401  (sys.path set-up)
 import pytest
 from Crypto.Hash import SHA256
 from Crypto.PublicKey import ECC

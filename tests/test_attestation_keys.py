@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 
-import conftest_release  # noqa: F401
 import pytest
 
 from sealfl.attestation import keys

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 
-import conftest_release  # noqa: F401
 import pytest
 
 from sealfl.attestation.canonical import JSONFormatError, canonical_json, loads_strict

@@ -8,8 +8,8 @@ import stat
 
 import numpy as np
 import pytest
-from conftest_release import MODEL_FILE, default_payload, enclave, make_onnx_model, trust_dir  # noqa: F401
-from conftest_release import signed_release_files, write_signed_release
+from conftest import MODEL_FILE, default_payload, make_onnx_model
+from conftest import signed_release_files, write_signed_release
 from onnx import TensorProto, helper, numpy_helper
 
 from sealfl.attestation.errors import VerificationError
@@ -17,7 +17,7 @@ from sealfl.attestation.onnx_check import check_self_contained, external_tensors
 from sealfl.attestation.release import load_trust_anchors, verify_release
 from sealfl.enclave.device import boot, read_device_state
 from sealfl.enclave.errors import BootError
-from sealfl.enclave.runtime import SandboxedRuntime
+from sealfl.common.sandbox import SandboxedRuntime
 
 
 def _external(name: str, location: str, shape=(4, 1)) -> TensorProto:

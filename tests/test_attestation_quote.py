@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import hashlib
 
-import conftest_release  # noqa: F401
 import pytest
 
 from sealfl.attestation import keys

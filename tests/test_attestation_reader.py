@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest_release import MODEL_FILE, enclave, release_dir, trust_dir  # noqa: F401
+from conftest import MODEL_FILE
 
 from sealfl.attestation import reader
 from sealfl.attestation.config import VerifyConfig

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest_release import MODEL_FILE, enclave, release_dir, release_files, trust_dir  # noqa: F401
+from conftest import MODEL_FILE
 
 from sealfl.attestation import keys
 from sealfl.attestation.bundle import build_attestation
@@ -157,7 +157,7 @@ def test_kind_challenge_quote_is_not_a_release_attestation(release_files, trust_
 def test_kind_attestation_is_bound_to_the_signed_statement_not_only_the_root(trust_dir, enclave, tmp_path):
     """v4 and v5 carry the same model bytes (same root digest); v4's attestation in v5's
     directory is refused, so an attestation cannot be carried over to another version."""
-    from conftest_release import default_payload
+    from conftest import default_payload
 
     v4 = read_release_dir(Path(enclave.write_release(tmp_path / "v4", default_payload(), "heart-mlp", 4,
                                                      {"model_file": MODEL_FILE})["dir"]))

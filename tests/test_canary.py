@@ -19,8 +19,7 @@ from sealfl.enclave.inputs import check_rows, parse_input_spec
 from sealfl.platform.canary import build_canary, canary_rows
 from sealfl.platform.quantize import quantize_int8
 
-from conftest_release import MODEL_FILE, make_onnx_model  # noqa: F401
-from conftest_release import enclave, trust_dir  # noqa: F401  (fixtures)
+from conftest import MODEL_FILE, make_onnx_model
 
 ROW = [63, 1, 145, 233, 1, 150, 0, 2.3, 0, 0, 1, 0, 0]
 

@@ -22,7 +22,7 @@ def test_device_path_imports_no_training_stack():
 
 
 def test_verifying_a_release_imports_no_training_stack(tmp_path):
-    from conftest_release import MODEL_FILE, default_payload
+    from conftest import MODEL_FILE, default_payload
 
     from sealfl.enclave.release_enclave import ReleaseEnclave
 

@@ -10,16 +10,7 @@ import json
 import numpy as np
 import onnxruntime as ort
 import pytest
-from conftest_release import (  # noqa: F401
-    MODEL_FILE,
-    default_payload,
-    enclave,
-    make_onnx_model,
-    release_dir,
-    sample_inputs,
-    trust_dir,
-    write_signed_release,
-)
+from conftest import MODEL_FILE, default_payload, make_onnx_model, sample_inputs, write_signed_release
 
 from sealfl.attestation.quote import pcr_after, verify_quote
 from sealfl.enclave.device import boot, boot_last_good, read_device_state

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-from conftest_release import MODEL_FILE, default_payload, enclave, release_dir, sample_inputs, trust_dir  # noqa: F401
+from conftest import MODEL_FILE, default_payload, sample_inputs
 
 from sealfl.attestation.device_state import STATE_SCHEMA, STATE_SCHEMA_V1, DeviceState, LastGood
 from sealfl.attestation.errors import DeviceStateError

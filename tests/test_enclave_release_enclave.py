@@ -6,7 +6,7 @@ import os
 import stat
 
 import pytest
-from conftest_release import MODEL_FILE, default_payload, enclave  # noqa: F401
+from conftest import MODEL_FILE, default_payload
 
 from sealfl.attestation import keys
 from sealfl.attestation.quote import pcr_after

@@ -8,10 +8,10 @@ import time
 import numpy as np
 import onnxruntime as ort
 import pytest
-from conftest_release import make_onnx_model, sample_inputs
+from conftest import make_onnx_model, sample_inputs
 
 from sealfl.enclave.errors import RuntimeSandboxError
-from sealfl.enclave.runtime import SandboxedRuntime
+from sealfl.common.sandbox import SandboxedRuntime
 
 
 def _pid_alive(pid: int) -> bool:

@@ -7,7 +7,6 @@ import logging
 import os
 import stat
 
-import conftest_release  # noqa: F401
 import pytest
 
 from sealfl.attestation.quote import verify_quote

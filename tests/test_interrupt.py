@@ -168,7 +168,7 @@ def finished_campaign(consortium, tmp_path_factory):
     n = float(sum(p.n_train for p in parts))
     save_checkpoint(camp, 3, codec.encrypt(HeartTask().init_params() * n), n,
                     codec.encrypt(sum(local_sums(p.x_train) for p in parts)))
-    CampaignDir(camp, 3).set_status(status="finished", round=3)
+    CampaignDir(camp, 3).set_status(status="finished", round=3, stats_declared_n=int(n))
     return camp
 
 

@@ -221,6 +221,25 @@ def test_device_boot_cli_rejects_bad_input_rows(built, tmp_path, content, words)
     assert words in " ".join(r.stderr.split()) and "Traceback" not in r.stderr
 
 
+def test_kind_gate_scores_candidates_the_way_the_device_runs_them(built, tmp_path):
+    """A partner's score of the INT8 candidate comes from the same sandboxed runtime a
+    device boots: identical outputs on the same rows, and a model that does not load is
+    the sandbox's error, not the partner process's."""
+    from sealfl.clients.onnx_eval import evaluate_onnx, onnx_predict
+    from sealfl.common.errors import RuntimeSandboxError
+
+    int8 = (built["root"] / "release" / MODEL_FILE).read_bytes()
+    part = load_partitions()[1]
+    partner_view = onnx_predict(int8, part.x_test)
+    with boot(trust_dir(built["cons"]), built["root"] / "release", tmp_path / "dev") as dev:
+        device_view = np.asarray(dev.predict(part.x_test)).reshape(-1)
+    np.testing.assert_array_equal(partner_view, device_view)
+    r = evaluate_onnx(part.name, int8)
+    assert r["n"] == len(part.y_test) and r["correct"] == int(np.sum((device_view >= 0.5) == (part.y_test >= 0.5)))
+    with pytest.raises(RuntimeSandboxError, match="could not load the model"):
+        onnx_predict(b"not an onnx model", part.x_test)
+
+
 def test_release_states_its_quantisation_canary_and_input_ranges(built):
     from sealfl.clients.data import FEATURE_SPEC
 

@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.server.superlink.linkstate.utils import create_message_error_unavailable_res_message
 
-from fakegrid import server_identity  # noqa: F401  (fixture)
 from sealfl.attestation.keys import generate_key, public_key_to_pem, sign, verify
 from sealfl.common import protocol as P
 from sealfl.common.he import CKKSCodec

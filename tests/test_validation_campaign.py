@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from fakegrid import FakeGrid, server_identity  # noqa: F401  (fixture)
+from fakegrid import FakeGrid
 from sealfl.clients.data import HOSPITALS, N_FEATURES, load_partitions
 from sealfl.clients.task import HeartTask
 from sealfl.common.decrypted import open_model

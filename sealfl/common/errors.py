@@ -22,3 +22,10 @@ class DecryptedValueError(HEError):
     """A key holder refused a decrypted aggregate: it is out of the bounds the task
     declares, not finite, or its count differs from the declared total. Nothing derived
     from it may be published (see :mod:`sealfl.common.decrypted`)."""
+
+
+class RuntimeSandboxError(SealflError):
+    """The sandboxed inference child failed: it reported an error (its message is included),
+    crashed, exceeded its memory limit, or timed out. Raised by
+    :class:`sealfl.common.sandbox.SandboxedRuntime`, which devices and partners (scoring
+    release candidates) share; re-exported by :mod:`sealfl.enclave.errors`."""

@@ -13,7 +13,7 @@ from sealfl.attestation.canary import parse_canary, check_canary
 from sealfl.attestation.errors import CanaryError
 
 from .inputs import InputSpec, parse_input_spec
-from .runtime import SandboxedRuntime
+from sealfl.common.sandbox import SandboxedRuntime
 
 __all__ = ["run_canary", "input_spec_of"]
 

@@ -12,7 +12,7 @@
    caps, then each listed file no further than its signed size + 1 byte; an unlisted file is
    never opened; versions are checked against the device state and the policy;
 5. extend the verified root digest into PCR 23;
-6. start :class:`~sealfl.enclave.runtime.SandboxedRuntime` with the verified bytes of the
+6. start :class:`~sealfl.common.sandbox.SandboxedRuntime` with the verified bytes of the
    model file (``metadata["model_file"]``, else the single ``.onnx`` payload file);
 7. health check (ping + one inference on zeros when the first input is float), then the
    release's signed canary (:mod:`sealfl.enclave.acceptance`): batch and row-by-row
@@ -52,7 +52,7 @@ from .acceptance import input_spec_of, run_canary
 from .errors import BootError, EnclaveError, InputSpecError, RuntimeSandboxError
 from .inputs import check_rows
 from .llm_boot import boot_llm, is_llm_release
-from .runtime import SandboxedRuntime
+from sealfl.common.sandbox import SandboxedRuntime
 from .tee import TEE, create_tee, load_tee
 
 __all__ = ["STATE_FILE", "STATE_SCHEMA", "BootedDevice", "select_model_file", "read_device_state",

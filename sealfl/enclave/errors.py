@@ -6,7 +6,7 @@ failed and what to do.
 
 from __future__ import annotations
 
-from sealfl.common.errors import SealflError
+from sealfl.common.errors import RuntimeSandboxError, SealflError
 
 __all__ = [
     "EnclaveError",
@@ -55,10 +55,6 @@ class BootError(EnclaveError):
         self.file = file
         self.check = check
 
-
-class RuntimeSandboxError(EnclaveError):
-    """The sandboxed inference child failed: it reported an error (its message is included),
-    crashed, exceeded its memory limit, or timed out."""
 
 
 class ReleaseWriteError(EnclaveError):

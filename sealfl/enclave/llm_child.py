@@ -1,7 +1,7 @@
 """Child side of the sandboxed LLM runtime (run as a script by :class:`sealfl.enclave.llm_runtime.LLMRuntime`).
 
-Same sandbox as :mod:`sealfl.enclave.runtime_child` (whose protocol, limits and network
-isolation it reuses as a sibling module): ``python -I``, minimal environment, cwd ``/``,
+Same sandbox as :mod:`sealfl.common.sandbox_child` (whose protocol, limits and network
+isolation it reuses, imported by path from ``sealfl/common``): ``python -I``, minimal environment, cwd ``/``,
 ``RLIMIT_AS``, no core dumps, an empty network namespace where the kernel allows it,
 protocol on a private dup of stdout. It imports only the standard library, numpy,
 onnxruntime and its sibling :mod:`sealfl.enclave.llm_decode`; never torch, tokenizers or
@@ -29,9 +29,10 @@ import os
 import sys
 from collections.abc import Sequence
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [_HERE, os.path.join(os.path.dirname(_HERE), "common")]
 
-import runtime_child as rc  # noqa: E402  (sibling module, see module docstring)
+import sandbox_child as rc  # noqa: E402  (sealfl/common/sandbox_child.py, see module docstring)
 
 __all__ = ["main"]
 

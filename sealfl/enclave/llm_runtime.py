@@ -42,11 +42,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sealfl.common import sandbox_child as _rc
+from sealfl.common.sandbox import DEFAULT_MEMORY_LIMIT_BYTES, SandboxedRuntime
+
 from . import llm_child as _llm_child
-from . import runtime_child as _rc
 from .errors import RuntimeSandboxError
 from .llm_decode import SamplingParams
-from .runtime import DEFAULT_MEMORY_LIMIT_BYTES, SandboxedRuntime
 
 __all__ = ["ChatTemplate", "GenerationResult", "LLMRuntime", "emit_limit"]
 
@@ -169,7 +170,7 @@ class LLMRuntime:
             ``head_dim`` when the graph leaves it symbolic, optional ``special_tokens`` for
             the template).
         memory_limit_bytes, timeout_s, start_timeout_s, intra_op_threads, network: as for
-            :class:`~sealfl.enclave.runtime.SandboxedRuntime`.
+            :class:`~sealfl.common.sandbox.SandboxedRuntime`.
 
     Raises:
         RuntimeSandboxError: the child could not load the model.

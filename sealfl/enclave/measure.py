@@ -61,8 +61,8 @@ RELEASE_ENCLAVE_MODULES: tuple[str, ...] = ATTESTATION_MODULES + tuple(
 DEVICE_RUNTIME_MODULES: tuple[str, ...] = ATTESTATION_MODULES + tuple(
     f"sealfl.enclave.{m}"
     for m in ("__init__", "acceptance", "device", "errors", "inputs", "llm_boot", "llm_child", "llm_decode",
-              "llm_runtime", "measure", "runtime", "runtime_child", "sim", "slots", "tee")
-)
+              "llm_runtime", "measure", "sim", "slots", "tee")
+) + ("sealfl.common.sandbox", "sealfl.common.sandbox_child")
 
 
 def _source_path(module: str) -> str:

@@ -1,9 +1,9 @@
 """Child side of the sandboxed onnxruntime runtime, and the pipe protocol both sides share.
 
-Run by :class:`sealfl.enclave.runtime.SandboxedRuntime` as a standalone script
-(``python -I .../runtime_child.py --memory-limit N ...``) so it imports neither the sealfl
+Run by :class:`sealfl.common.sandbox.SandboxedRuntime` as a standalone script
+(``python -I .../sandbox_child.py --memory-limit N ...``) so it imports neither the sealfl
 package nor anything but the standard library, numpy and onnxruntime. (It also works as
-``python -m sealfl.enclave.runtime_child``.) Before importing numpy/onnxruntime it:
+``python -m sealfl.common.sandbox_child``.) Before importing numpy/onnxruntime it:
 
 * sets ``RLIMIT_AS`` (address-space cap, bytes) and ``RLIMIT_CORE = 0``;
 * tries to enter a fresh, empty network namespace (``unshare(CLONE_NEWNET)``, falling back

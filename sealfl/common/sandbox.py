@@ -1,7 +1,7 @@
 """Sandboxed onnxruntime inference in a child process (privilege separation).
 
-:class:`SandboxedRuntime` starts ``python -I runtime_child.py`` (see
-:mod:`sealfl.enclave.runtime_child`) with an empty-ish environment, its working directory a
+:class:`SandboxedRuntime` starts ``python -I sandbox_child.py`` (see
+:mod:`sealfl.common.sandbox_child`) with an empty-ish environment, its working directory a
 fresh, empty, private (0700) directory removed when the runtime closes, a new session, an address-space limit (``RLIMIT_AS``) and -- where the kernel allows -- an empty
 network namespace. The child receives ONLY the verified model bytes over a pipe (never a
 path), builds ``onnxruntime.InferenceSession(model_bytes)`` and serves requests. Replies are
@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from . import runtime_child as _child
+from . import sandbox_child as _child
 from .errors import RuntimeSandboxError
 
 __all__ = ["SandboxedRuntime", "DEFAULT_MEMORY_LIMIT_BYTES"]

@@ -1,4 +1,5 @@
-"""Shared fixtures for the attestation/enclave tests (import explicitly from test modules).
+"""Shared fixtures for the attestation/enclave tests (pytest loads this conftest itself;
+helper functions are imported with ``from conftest import ...``).
 
 Everything secret is created under pytest's ``tmp_path``; nothing is written into the repo.
 """
@@ -96,3 +97,12 @@ def release_dir(tmp_path: Path, enclave: ReleaseEnclave) -> Path:
 def release_files(release_dir: Path) -> dict[str, bytes]:
     """All files of ``release_dir`` as {name: bytes}."""
     return read_release_dir(release_dir)
+
+
+@pytest.fixture
+def server_identity(monkeypatch):
+    """The identity a ServerApp process has when it creates messages (run 1, SuperLink node 1)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for attr in ("_run_id", "_node_id", "_task_id"):
+        monkeypatch.setattr(TaskIdentity, attr, 1, raising=False)
