@@ -82,7 +82,7 @@ def register(app: typer.Typer, device_app: typer.Typer, console, err, fail, stop
         out: Path = typer.Option(Path("llm-out"), "--out", "-o", help="Output directory (replaced if it holds an "
                                                                       "earlier LLM demo)."),
         rounds: int = typer.Option(3, min=1, help="Federated rounds."),
-        local_steps: int = typer.Option(8, min=1, help="Local LoRA steps per partner and round."),
+        local_steps: int = typer.Option(6, min=1, help="Local LoRA steps per partner and round."),
         ray_address: Optional[str] = typer.Option(None, envvar="RAY_ADDRESS", help="Attach to this Ray cluster."),
     ) -> None:
         """Federated LoRA of SmolLM2-135M on four manuals of the Python documentation, end to

@@ -113,7 +113,7 @@ class CausalLMTask:
         return init_adapters(model, self.spec, seed)
 
     def train_defaults(self) -> dict:
-        return {"local-steps": 8, "batch-size": 4, "lr": 4e-3, "block-len": 128, "eval-blocks": 8, "seed": 0}
+        return {"local-steps": 6, "batch-size": 4, "lr": 4e-3, "block-len": 128, "eval-blocks": 8, "seed": 0}
 
     # -- partner side -------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ manuals of the Python documentation, end to end, in stages with a progress displ
    runtime, canary, answer a question); its peak RSS (process tree, sampled every 50 ms)
    and first-token time are recorded.
 
-Defaults (3 rounds x 8 steps at lr 4e-3, 128-token blocks, 8 held-out blocks per partner) are chosen
+Defaults (3 rounds x 6 steps at lr 4e-3, 128-token blocks, 8 held-out blocks per partner) are chosen
 to finish within 25 minutes on 2 cores; ``report.json`` records what ran and how long
 each stage took.
 """
@@ -102,7 +102,7 @@ def run_device(trust: Path, release_dir: Path, state: Path, prompt: str, log_pat
             "peak_rss_bytes": peak, "log": log_path.read_text(errors="replace").strip()[-2000:]}
 
 
-def run_llm_demo(out: Path, *, rounds: int = 3, local_steps: int = 8, ray_address: str | None = None,
+def run_llm_demo(out: Path, *, rounds: int = 3, local_steps: int = 6, ray_address: str | None = None,
                  console: Console | None = None, eval_blocks: int = 8) -> dict:
     """Run the LLM demo into ``out``; returns the report (also ``out/report.json``).
     ``eval_blocks``: held-out blocks of 128 tokens each partner scores (evaluation and gate).
