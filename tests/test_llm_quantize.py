@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from llm_tiny import HEAD_DIM, TEXTS, encode, tiny_bundle, tiny_fp32_onnx, torch_logits
-from sealfl.enclave.llm_decode import KVDecoder
+from sealfl.common.llm_decode import KVDecoder
 from sealfl.platform.llm.quantize import (BLOCK, QuantizeError, dequantize_asym_blocks, dequantize_sym8_blocks,
                                           quantize_asym_blocks, quantize_llm, quantize_sym8_blocks)
 

@@ -15,7 +15,7 @@ from sealfl.clients.causal_lm.lora import LoraSpec, n_adapter_params
 from sealfl.clients.causal_lm.text import nll_sums, perplexity, token_blocks
 from sealfl.enclave.device import boot
 from sealfl.enclave.errors import BootError
-from sealfl.enclave.llm_decode import SamplingParams
+from sealfl.common.llm_decode import SamplingParams
 from sealfl.enclave.release_enclave import ReleaseEnclave
 from sealfl.platform.errors import ReleaseError
 from sealfl.platform.llm.gate import GateCounts, candidate_scores, check_gate, compare, reference_scores

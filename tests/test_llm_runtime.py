@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from llm_tiny import HEAD_DIM, SMOL_TEMPLATE, TEXTS, encode, tiny_fp32_onnx, tokenizer_json
-from sealfl.enclave.llm_decode import SamplingParams, choose_token
+from sealfl.common.llm_decode import SamplingParams, choose_token
 from sealfl.enclave.llm_runtime import ChatTemplate, LLMRuntime, emit_limit
 
 GEN = {"eos_token_ids": [2], "bos_token_id": 1, "pad_token_id": 2, "head_dim": HEAD_DIM, "max_context": 64,

@@ -31,7 +31,7 @@ from sealfl.attestation.errors import CanaryError
 from sealfl.attestation.llm_canary import check_llm_canary, parse_llm_canary
 
 from .errors import BootError, RuntimeSandboxError
-from .llm_decode import SamplingParams
+from sealfl.common.llm_decode import SamplingParams
 from .llm_runtime import LLMRuntime
 
 __all__ = ["LLM_RUNTIME", "LLMReleaseSpec", "is_llm_release", "llm_spec", "parse_generation_config", "boot_llm"]

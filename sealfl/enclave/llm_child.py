@@ -4,8 +4,8 @@ Same sandbox as :mod:`sealfl.common.sandbox_child` (whose protocol, limits and n
 isolation it reuses, imported by path from ``sealfl/common``): ``python -I``, minimal environment, cwd ``/``,
 ``RLIMIT_AS``, no core dumps, an empty network namespace where the kernel allows it,
 protocol on a private dup of stdout. It imports only the standard library, numpy,
-onnxruntime and its sibling :mod:`sealfl.enclave.llm_decode`; never torch, tokenizers or
-sealfl. The model arrives as bytes over the pipe (never a path) and is loaded with
+onnxruntime and :mod:`sealfl.common.llm_decode` (by path, like the sandbox child); never
+torch, tokenizers or sealfl. The model arrives as bytes over the pipe (never a path) and is loaded with
 ``onnxruntime.InferenceSession(bytes)`` -- no file of the model exists for anything else
 to change.
 

@@ -16,7 +16,7 @@ payload bytes, never re-read from disk) and then answers any number of requests:
 * the tokenizer (``tokenizers``, the release's ``tokenizer.json``) and the chat template
   (Jinja in a sandboxed environment, configured as transformers' ``apply_chat_template``
   configures it) run in the parent; the child sees only token ids;
-* per request: :class:`~sealfl.enclave.llm_decode.SamplingParams` (temperature, top-p,
+* per request: :class:`~sealfl.common.llm_decode.SamplingParams` (temperature, top-p,
   max tokens, seed, stop strings); a callback receives text pieces as they are decoded
   (a piece never ends inside a multi-byte character or inside a possible stop string) and
   may return False to stop; the result carries prompt and completion token counts and
@@ -47,7 +47,7 @@ from sealfl.common.sandbox import DEFAULT_MEMORY_LIMIT_BYTES, SandboxedRuntime
 
 from . import llm_child as _llm_child
 from .errors import RuntimeSandboxError
-from .llm_decode import SamplingParams
+from sealfl.common.llm_decode import SamplingParams
 
 __all__ = ["ChatTemplate", "GenerationResult", "LLMRuntime", "emit_limit"]
 

@@ -60,9 +60,9 @@ RELEASE_ENCLAVE_MODULES: tuple[str, ...] = ATTESTATION_MODULES + tuple(
 )
 DEVICE_RUNTIME_MODULES: tuple[str, ...] = ATTESTATION_MODULES + tuple(
     f"sealfl.enclave.{m}"
-    for m in ("__init__", "acceptance", "device", "errors", "inputs", "llm_boot", "llm_child", "llm_decode",
-              "llm_runtime", "measure", "sim", "slots", "tee")
-) + ("sealfl.common.sandbox", "sealfl.common.sandbox_child")
+    for m in ("__init__", "acceptance", "device", "errors", "inputs", "llm_boot", "llm_child", "llm_runtime",
+              "measure", "sim", "slots", "tee")
+) + ("sealfl.common.sandbox", "sealfl.common.sandbox_child", "sealfl.common.llm_decode")
 
 
 def _source_path(module: str) -> str:

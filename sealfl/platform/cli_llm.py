@@ -35,7 +35,7 @@ def register(app: typer.Typer, device_app: typer.Typer, console, err, fail, stop
         from sealfl.common.errors import SealflError
         from sealfl.enclave.device import boot, boot_last_good
         from sealfl.enclave.errors import BootError
-        from sealfl.enclave.llm_decode import SamplingParams
+        from sealfl.common.llm_decode import SamplingParams
 
         try:
             params = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed,

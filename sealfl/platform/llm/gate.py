@@ -7,7 +7,7 @@ implementations:
 * the **reference**: the float32 merged model in torch (transformers), one forward pass per
   block;
 * each **candidate**: the quantised ONNX bytes run the way a device runs them
-  (:class:`sealfl.enclave.llm_decode.KVDecoder`: prefill over the first ``prefill`` tokens,
+  (:class:`sealfl.common.llm_decode.KVDecoder`: prefill over the first ``prefill`` tokens,
   then one token at a time with the KV cache; same onnxruntime options as the device child).
 
 For every predicted position (``t_1 .. t_{L-1}`` of each block) it counts whether the

@@ -1,9 +1,10 @@
 """Decoding a causal-LM ONNX release with its KV cache: one sequence, token by token.
 
 Standalone on purpose (standard library, numpy and onnxruntime only, no sealfl imports):
-the sandboxed LLM child (:mod:`sealfl.enclave.llm_child`) runs it as a sibling script, and
-the release gate runs the very same code in-process, so candidates are measured the way a
-device runs them.
+the sandboxed LLM child (:mod:`sealfl.enclave.llm_child`) imports it by path, and the
+partners' release gate and the canary builder run the very same code in-process, so
+candidates are measured the way a device runs them. In ``sealfl.common`` because the
+device (enclave), the partners (clients) and the release pipeline all use it.
 
 The graph contract (what :mod:`sealfl.platform.llm.export` writes): inputs ``input_ids``
 int64 (1, s), ``attention_mask`` int64 (1, past + s), ``past_key_values.{i}.key|value``
