@@ -169,8 +169,12 @@ def _load(path: Path, pin: BaseModelPin) -> LMBundle:
     data = read_pinned(path, pin.sha256, pin.size)
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    quiet = os.environ.get("TQDM_DISABLE")
-    os.environ["TQDM_DISABLE"] = "1"  # transformers' GGUF conversion draws its own tqdm bar
+    import functools
+
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    bar = gguf_utils.tqdm  # the GGUF conversion draws its own tqdm bar on stderr; silence it here
+    gguf_utils.tqdm = functools.partial(bar, disable=True)
     with tempfile.TemporaryDirectory(prefix="sealfl-base-") as tmp:
         os.chmod(tmp, 0o700)
         (Path(tmp) / pin.file).write_bytes(data)
@@ -181,10 +185,7 @@ def _load(path: Path, pin: BaseModelPin) -> LMBundle:
         except Exception as exc:  # transformers raises many types on a malformed file
             raise BaseModelError(f"cannot parse the base model {path}: {type(exc).__name__}: {exc}") from exc
         finally:
-            if quiet is None:
-                os.environ.pop("TQDM_DISABLE", None)
-            else:
-                os.environ["TQDM_DISABLE"] = quiet
+            gguf_utils.tqdm = bar
     # The GGUF loader marks the model as "quantized"; its weights are plain float32 now.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
