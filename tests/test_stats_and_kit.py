@@ -27,19 +27,21 @@ def test_encrypted_scaling_equals_pooled_numpy():
 
 
 def test_kits_unwrap_with_own_key_only(tmp_path):
-    cons, codec = create_consortium(tmp_path / "c", "t", ["A", "B"], task="other")
-    kit = load_kit(str(kit_dir(cons.dir, "A")))
-    assert kit.codec.has_secret_key and kit.partner == "A"
+    cons, codec = create_consortium(tmp_path / "c", "t", ["Cleveland", "Hungary"])
+    kit = load_kit(str(kit_dir(cons.dir, "Cleveland")))
+    assert kit.codec.has_secret_key and kit.partner == "Cleveland"
     blob = codec.encrypt(np.array([1.5, -2.0]))
     np.testing.assert_allclose(kit.codec.decrypt(blob), [1.5, -2.0], atol=1e-7)
     # swap B's wrapped secret into A's kit: A's key cannot unwrap it
-    a, b = kit_dir(cons.dir, "A"), kit_dir(cons.dir, "B")
+    a, b = kit_dir(cons.dir, "Cleveland"), kit_dir(cons.dir, "Hungary")
     (a / "ckks_secret.wrapped").write_bytes((b / "ckks_secret.wrapped").read_bytes())
     with pytest.raises(KitError, match="unwrap"):
         load_kit(str(a) + "/")  # a new cache key
     assert (a / "partner_key.pem").stat().st_mode & 0o077 == 0
     with pytest.raises(ConsortiumError):
-        create_consortium(tmp_path / "c", "t", ["A", "B"], task="other")
+        create_consortium(tmp_path / "c", "t", ["Cleveland", "Hungary"])
+    with pytest.raises(ConsortiumError, match="unknown task"):
+        create_consortium(tmp_path / "d", "t", ["A", "B"], task="other")
 
 
 def test_consortium_refuses_colliding_or_unknown_partners(tmp_path):

@@ -40,15 +40,16 @@ from sealfl.common.decrypted import check_weight, open_model, open_stats, round_
 from sealfl.common.errors import CiphertextError
 from sealfl.common.testpoints import testpoint
 
-from .data import load_partition
 from .errors import ClientError
 from .kit import PartnerKit, kit_dir, load_kit
-from .onnx_eval import evaluate_onnx
-from .stats import local_sums
-from .task import HeartTask, TrainConfig
+from .tasks import get_task
 
 log = logging.getLogger(__name__)
-TASK = HeartTask()
+
+
+def task_of(kit: PartnerKit):
+    """The consortium's task (the kit records it; :mod:`sealfl.clients.tasks`)."""
+    return get_task(kit.task)
 
 
 def _resolve(context: Context, default_dir: str | None) -> tuple[PartnerKit, str]:
@@ -90,7 +91,7 @@ def decode_global(record: ArrayRecord, kit: PartnerKit, task=None) -> tuple[np.n
         DecryptedValueError: a decrypted value is out of bounds (nothing is trained or
             reported from it).
     """
-    task = task or TASK
+    task = task or task_of(kit)
     bounds = task.decrypt_bounds
     stats_n = _global_int(record, P.STATS_N)
     try:
@@ -129,54 +130,44 @@ def sign_reply(kit: PartnerKit, msg: Message, content: RecordDict) -> RecordDict
     return content
 
 
-def _train_config(cfg: ConfigRecord) -> TrainConfig:
-    d = TrainConfig()
-    return TrainConfig(
-        local_epochs=int(cfg.get("local-epochs", d.local_epochs)),
-        lr=float(cfg.get("lr", d.lr)),
-        batch_size=int(cfg.get("batch-size", d.batch_size)),
-        seed=int(cfg.get("seed", d.seed)),
-        proximal_mu=float(cfg.get("proximal-mu", d.proximal_mu)),
-    )
-
-
 def _open_round(msg: Message, context: Context, consortium_dir: str | None):
-    """Common start of train/evaluate: kit, partner name, config, local data, decrypted global model."""
+    """Common start of train/evaluate: kit, task, partner name, config, local data, decrypted global model."""
     kit, name = _resolve(context, consortium_dir)
+    task = task_of(kit)
     cfg = msg.content[P.CONFIG]
-    part = load_partition(name, seed=int(cfg.get("data-seed", 42)))
-    return kit, name, cfg, part, decode_global(msg.content[P.GLOBAL], kit)
+    data = task.load_data(name, cfg)
+    return kit, task, name, cfg, data, decode_global(msg.content[P.GLOBAL], kit, task)
 
 
 def handle_query(msg: Message, context: Context, consortium_dir: str | None = None) -> Message:
     """``query`` handler: reply E([n, Σx, Σx²]) of the local training split."""
     kit, name = _resolve(context, consortium_dir)
     what = msg.content[P.CONFIG].get(P.QUERY, "")
+    task = task_of(kit)
     if what == P.QUERY_EVAL_ONNX:
-        reply = _evaluate_candidates(msg, name)
+        reply = _evaluate_candidates(msg, kit, task, name)
         sign_reply(kit, msg, reply.content)
         return reply
     if what != P.QUERY_STATS:
         raise ClientError(f"unknown query {what!r}")
-    part = load_partition(name, seed=int(msg.content[P.CONFIG].get("data-seed", 42)))
-    blob = kit.codec.encrypt(local_sums(part.x_train))
+    data = task.load_data(name, msg.content[P.CONFIG])
+    blob = kit.codec.encrypt(task.local_stats(data))
     content = RecordDict({
         P.STATS: ArrayRecord({P.STATS_CT: _array(blob)}),
-        P.METRICS: MetricRecord({P.NUM_EXAMPLES: int(part.n_train)}),
+        P.METRICS: MetricRecord({P.NUM_EXAMPLES: int(task.n_train(data))}),
     })
     return Message(content=sign_reply(kit, msg, content), reply_to=msg)
 
 
 def handle_train(msg: Message, context: Context, consortium_dir: str | None = None) -> Message:
     """``train`` handler: decrypt the global model, train, reply E(n · w_local) and n."""
-    kit, name, cfg, part, (params, mean, std) = _open_round(msg, context, consortium_dir)
-    tc = _train_config(cfg)
+    kit, task, name, cfg, data, (params, mean, std) = _open_round(msg, context, consortium_dir)
     rnd = int(cfg.get("server-round", 0))
     testpoint("train", rnd)
-    new, metrics = TASK.train(params, part.x_train, part.y_train, mean, std, tc, tc.seed + 1000 * rnd + kit.index)
-    n = part.n_train
+    new, metrics = task.train_round(params, data, mean, std, cfg, 1000 * rnd + kit.index)
+    n = task.n_train(data)
     blob = kit.codec.encrypt(new * n)
-    loss = round_metric(metrics["train_loss"], TASK.decrypt_bounds)
+    loss = round_metric(metrics["train_loss"], task.decrypt_bounds)
     log.info("partner %s round %d: trained on %d rows, loss %.4f", name, rnd, n, loss)
     content = RecordDict({
         P.UPDATE: ArrayRecord({P.UPDATE_CT: _array(blob)}),
@@ -187,26 +178,37 @@ def handle_train(msg: Message, context: Context, consortium_dir: str | None = No
 
 def handle_evaluate(msg: Message, context: Context, consortium_dir: str | None = None) -> Message:
     """``evaluate`` handler: decrypt the global model, reply local test metrics."""
-    kit, name, cfg, part, (params, mean, std) = _open_round(msg, context, consortium_dir)
-    m = TASK.evaluate(params, part.x_test, part.y_test, mean, std)
+    kit, task, name, cfg, data, (params, mean, std) = _open_round(msg, context, consortium_dir)
+    m = task.evaluate_round(params, data, mean, std)
     n, correct = int(m["n"]), int(m["correct"])
     content = RecordDict({
         P.METRICS: MetricRecord({
             P.NUM_EXAMPLES: n, P.ACCURACY: correct / n if n else 0.0,
-            P.LOSS: round_metric(m["loss"], TASK.decrypt_bounds), P.CORRECT: correct,
+            P.LOSS: round_metric(m["loss"], task.decrypt_bounds), P.CORRECT: correct,
         }),
     })
     return Message(content=sign_reply(kit, msg, content), reply_to=msg)
 
 
-def _evaluate_candidates(msg: Message, name: str) -> Message:
-    """Score each candidate ONNX model on this partner's test split; reply counts only."""
+def _evaluate_candidates(msg: Message, kit: PartnerKit, task, name: str) -> Message:
+    """Score each candidate model on this partner's own held-out data; reply counts (and
+    the task's float sums, e.g. summed NLL) only. A task that scores against the global
+    model (causal-lm: the fp32 merged reference) gets it from the query's encrypted
+    ``global`` record, decrypted here like a training round's."""
     testpoint("gate-query")
-    metrics: dict[str, int] = {}
-    for cand, arr in msg.content[P.CANDIDATES].items():
-        r = evaluate_onnx(name, P.from_u8(arr.numpy()), seed=int(msg.content[P.CONFIG].get("data-seed", 42)))
-        metrics[f"{cand}.correct"] = r["correct"]
-        metrics[f"{cand}.n"] = r["n"]
+    cfg = msg.content[P.CONFIG]
+    data = task.load_data(name, cfg)
+    params = mean = std = None
+    if P.GLOBAL in msg.content:
+        params, mean, std = decode_global(msg.content[P.GLOBAL], kit, task)
+    cands = {c: P.from_u8(arr.numpy()) for c, arr in msg.content[P.CANDIDATES].items()}
+    scores = task.score_candidates(cands, data, params, mean, std)
+    metrics: dict = {}
+    for cand, v in scores.items():
+        metrics[f"{cand}.correct"] = int(v["correct"])
+        metrics[f"{cand}.n"] = int(v["n"])
+        for key in task.candidate_sums:
+            metrics[f"{cand}.{key}"] = round_metric(float(v[key]), task.decrypt_bounds)
     content = RecordDict({P.METRICS: MetricRecord(metrics), P.PARTNER: ConfigRecord({"name": name})})
     return Message(content=content, reply_to=msg)
 

@@ -6,9 +6,10 @@ global statistics), so the exported ONNX file takes raw features.
 
 Flat parameter vector (float64, shape (14,)): ``[w_0 .. w_12, b]``.
 
-A task is pluggable: anything with ``n_params``, ``init_params()``, ``train()``,
-``evaluate()`` and ``to_onnx()`` with the same shapes can replace it (the LoRA task of a
-later issue).
+The task is a plug-in (:mod:`sealfl.clients.tasks`, registered as ``heart``): the
+partner app, campaign and release pipeline reach it through the :class:`~sealfl.clients.tasks.Task`
+methods (``load_data``, ``local_stats``, ``train_round``, ``evaluate_round``,
+``score_candidates``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from torch import nn
 
 from sealfl.common.decrypted import DecryptBounds
 
-from .data import FEATURE_SPEC, N_FEATURES
+from .data import FEATURE_SPEC, HOSPITALS, N_FEATURES, load_partition
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,13 @@ class HeartTask:
     (the largest, cholesterol in mg/dl, stays below 700 in the data).
     """
 
-    name = "heart-logreg"
+    name = "heart"
+    release_kind = "tabular"
+    partners = HOSPITALS
+    partners_doc = "the FLamby hospitals"
+    #: the release gate's query: each candidate ONNX gets {correct, n}; no float sums
+    candidate_sums: tuple[str, ...] = ()
+    reference_candidates: tuple[str, ...] = ()
     n_features = N_FEATURES
     n_params = N_FEATURES + 1
     stats_length = 1 + 2 * N_FEATURES
@@ -87,6 +94,48 @@ class HeartTask:
     def init_params(self, seed: int = 0) -> np.ndarray:
         """Initial global model: all zeros (float64, (14,)); public, so sent in plaintext."""
         return np.zeros(self.n_params, dtype=np.float64)
+
+    # -- the Task plug-in interface (sealfl.clients.tasks) -------------------------------
+
+    def train_defaults(self) -> dict:
+        """Training settings sent to partners unless the campaign overrides them."""
+        d = TrainConfig()
+        return {"local-epochs": d.local_epochs, "lr": d.lr, "batch-size": d.batch_size, "seed": d.seed}
+
+    def load_data(self, partner: str, config) -> object:
+        """The partner's FLamby split (:func:`sealfl.clients.data.load_partition`)."""
+        return load_partition(partner, seed=int(config.get("data-seed", 42)))
+
+    def local_stats(self, data) -> np.ndarray:
+        """``[n, Σx (13), Σx² (13)]`` of the training split, float64 (27,)."""
+        from .stats import local_sums
+
+        return local_sums(data.x_train)
+
+    def n_train(self, data) -> int:
+        return int(data.n_train)
+
+    def train_round(self, params, data, mean, std, config, seed: int) -> tuple[np.ndarray, dict]:
+        """:meth:`train` with settings from the round's config record."""
+        d = TrainConfig()
+        tc = TrainConfig(local_epochs=int(config.get("local-epochs", d.local_epochs)), lr=float(config.get("lr", d.lr)),
+                         batch_size=int(config.get("batch-size", d.batch_size)), seed=int(config.get("seed", d.seed)),
+                         proximal_mu=float(config.get("proximal-mu", d.proximal_mu)))
+        return self.train(params, data.x_train, data.y_train, mean, std, tc, tc.seed + seed)
+
+    def evaluate_round(self, params, data, mean, std) -> dict:
+        """:meth:`evaluate` on the partner's test split."""
+        return self.evaluate(params, data.x_test, data.y_test, mean, std)
+
+    def score_candidates(self, candidates, data, params=None, mean=None, std=None) -> dict:
+        """``{candidate: {"correct", "n"}}`` of each candidate ONNX model on the test split."""
+        from .onnx_eval import onnx_predict
+
+        out = {}
+        for name, blob in candidates.items():
+            p = onnx_predict(blob, data.x_test)
+            out[name] = {"correct": int(np.sum((p >= 0.5) == (data.y_test >= 0.5))), "n": int(len(data.y_test))}
+        return out
 
     def build(self, params: np.ndarray, mean: np.ndarray, std: np.ndarray) -> HeartModel:
         """A :class:`HeartModel` holding ``params``. Raises ValueError on a wrong length."""

@@ -89,9 +89,7 @@ class SandboxedRuntime:
         self._max_reply = memory_limit_bytes or (1 << 40)
         self._stderr = tempfile.TemporaryFile()
         self.workdir = tempfile.mkdtemp(prefix="sealfl-sandbox-")  # mode 0700, empty
-        cmd = [sys.executable, "-I", os.path.abspath(_child.__file__),
-               "--memory-limit", str(int(memory_limit_bytes)), "--threads", str(int(intra_op_threads)),
-               "--network", network]
+        cmd = self._command(memory_limit_bytes, intra_op_threads, network)
         try:
             self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=self._stderr, env=_minimal_env(), cwd=self.workdir,
@@ -115,6 +113,12 @@ class SandboxedRuntime:
         self.outputs: list[dict] = reply.get("outputs", [])
         log.info("sandboxed runtime pid %d up (network %s, inputs %s)", self.pid, self.network,
                  self.input_names)
+
+    def _command(self, memory_limit_bytes: int, intra_op_threads: int, network: str) -> list[str]:
+        """The child's command line (subclasses run another child script)."""
+        return [sys.executable, "-I", os.path.abspath(_child.__file__),
+                "--memory-limit", str(int(memory_limit_bytes)), "--threads", str(int(intra_op_threads)),
+                "--network", network]
 
     # -- introspection ---------------------------------------------------------------
 
@@ -212,6 +216,23 @@ class SandboxedRuntime:
                 raise self._fail(f"could not load the model: {error}", 1.0)
             raise RuntimeSandboxError(f"sandboxed runtime (pid {self.pid}) failed {op!r}: {error}")
         return reply, out
+
+    def request(self, header: dict, blobs: Sequence[bytes] = (), timeout: float | None = None) -> tuple[dict, list[bytes]]:
+        """Send one protocol request and return ``(reply header, reply blobs)``.
+
+        Raises:
+            RuntimeSandboxError: the child replied ``ok: false``, crashed, sent a malformed
+                reply or did not answer within ``timeout`` (default ``timeout_s``).
+        """
+        return self._request(header, blobs, self.timeout_s if timeout is None else timeout)
+
+    def send(self, header: dict) -> dict:
+        """:meth:`request` without blobs; returns the reply header."""
+        return self._request(header, (), self.timeout_s)[0]
+
+    def fail(self, what: str) -> RuntimeSandboxError:
+        """Kill the child and return the error describing ``what`` went wrong."""
+        return self._fail(what)
 
     # -- API ---------------------------------------------------------------------------
 

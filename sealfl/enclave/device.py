@@ -51,6 +51,7 @@ from . import slots as _slots
 from .acceptance import input_spec_of, run_canary
 from .errors import BootError, EnclaveError, InputSpecError, RuntimeSandboxError
 from .inputs import check_rows
+from .llm_boot import boot_llm, is_llm_release
 from sealfl.common.sandbox import SandboxedRuntime
 from .tee import TEE, create_tee, load_tee
 
@@ -74,14 +75,38 @@ class BootedDevice:
         release_dir: the release directory it booted from.
     """
 
-    def __init__(self, release: VerifiedRelease, model_file: str, runtime: SandboxedRuntime,
-                 tee: TEE, release_dir: Path) -> None:
+    def __init__(self, release: VerifiedRelease, model_file: str, runtime, tee: TEE, release_dir: Path,
+                 llm_spec=None, canary_stats: dict | None = None) -> None:
         self.release = release
         self.model_file = model_file
         self.runtime = runtime
         self.tee = tee
         self.release_dir = release_dir
-        self.input_spec = input_spec_of(release.metadata)
+        self.llm_spec = llm_spec
+        self.canary_stats = canary_stats
+        self.input_spec = None if llm_spec is not None else input_spec_of(release.metadata)
+
+    @property
+    def is_llm(self) -> bool:
+        """True if the release runs the causal-LM runtime (:mod:`sealfl.enclave.llm_boot`)."""
+        return self.llm_spec is not None
+
+    def generate(self, prompt, params=None, on_text=None):
+        """Generate text with a causal-LM release (see
+        :meth:`sealfl.enclave.llm_runtime.LLMRuntime.generate`).
+
+        Raises:
+            BootError: (reason ``"model"``) the release is not a causal LM.
+        """
+        if not self.is_llm:
+            raise BootError(f"release {self.release.name} is not a causal LM; it cannot generate text", reason="model")
+        return self.runtime.generate(prompt, params, on_text)
+
+    def chat(self, messages, params=None, on_text=None):
+        """Answer a chat (the release's chat template, then :meth:`generate`)."""
+        if not self.is_llm:
+            raise BootError(f"release {self.release.name} is not a causal LM; it cannot chat", reason="model")
+        return self.runtime.generate(self.runtime.render_chat(messages), params, on_text)
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         """Run the model on ``x`` (float32, shape ``(n, d)``) via its first input; return output 0.
@@ -94,6 +119,8 @@ class BootedDevice:
                 cell is not finite or outside its documented range (names row and column).
             RuntimeSandboxError: inference failed in the sandbox.
         """
+        if self.is_llm:
+            raise BootError(f"release {self.release.name} is a causal LM; use generate()", reason="model")
         arr = np.asarray(x, dtype=np.float32)
         check_rows(self.input_spec, arr)
         return self.runtime.run({self.runtime.input_names[0]: arr})[0]
@@ -197,7 +224,8 @@ def _same_release(release: VerifiedRelease, last: LastGood) -> bool:
 
 
 def _boot_locked(trust_dir, release_dir, state_root: Path, *, backend: str,
-                 runtime_options: Mapping[str, Any] | None, config: VerifyConfig) -> BootedDevice:
+                 runtime_options: Mapping[str, Any] | None, config: VerifyConfig,
+                 variant: str | None = None) -> BootedDevice:
     """Boot ``release_dir`` and record it; ``release_dir=None`` boots the recorded last good
     release from its slot without recording anything."""
     try:
@@ -228,7 +256,26 @@ def _boot_locked(trust_dir, release_dir, state_root: Path, *, backend: str,
                         f"last good release (root digest {expect.root_digest}); the directory was replaced",
                         reason="verification", file=str(release_path), check="root-digest")
     tee.extend(_measure.DEVICE_RELEASE_PCR, bytes.fromhex(release.root_digest))
-    model_file = select_model_file(release)
+    llm, stats = None, None
+    if is_llm_release(release.metadata):
+        runtime, llm, stats = boot_llm(release.payload, release.metadata, variant, runtime_options)
+        model_file = llm.model_file
+    else:
+        model_file = select_model_file(release)
+        runtime = _start_tabular(release, model_file, runtime_options)
+    if record:
+        try:
+            _record(state_root, state, release, release_path, model_file)
+        except (OSError, DeviceStateError) as exc:
+            runtime.close()
+            raise BootError(f"cannot record {STATE_FILE}: {exc}", reason="state") from exc
+    log.info("device booted %s v%d (%s) from %s", release.name, release.version, release.root_digest,
+             release_path)
+    return BootedDevice(release, model_file, runtime, tee, release_path, llm, stats)
+
+
+def _start_tabular(release: VerifiedRelease, model_file: str, runtime_options) -> SandboxedRuntime:
+    """Start the tabular runtime and accept it: health check, input spec, signed canary."""
     try:
         runtime = SandboxedRuntime(release.payload[model_file], **dict(runtime_options or {}))
     except RuntimeSandboxError as exc:
@@ -245,20 +292,12 @@ def _boot_locked(trust_dir, release_dir, state_root: Path, *, backend: str,
         runtime.close()
         raise BootError(f"release {release.name} v{release.version} fails its signed canary on this device: {exc}",
                         reason="canary") from exc
-    if record:
-        try:
-            _record(state_root, state, release, release_path, model_file)
-        except (OSError, DeviceStateError) as exc:
-            runtime.close()
-            raise BootError(f"cannot record {STATE_FILE}: {exc}", reason="state") from exc
-    log.info("device booted %s v%d (%s) from %s", release.name, release.version, release.root_digest,
-             release_path)
-    return BootedDevice(release, model_file, runtime, tee, release_path)
+    return runtime
 
 
 def boot(trust_dir: str | os.PathLike, release_dir: str | os.PathLike, state_dir: str | os.PathLike, *,
          backend: str = "sim", runtime_options: Mapping[str, Any] | None = None,
-         config: VerifyConfig = DEFAULT_CONFIG) -> BootedDevice:
+         config: VerifyConfig = DEFAULT_CONFIG, variant: str | None = None) -> BootedDevice:
     """Boot the release in ``release_dir`` (steps in the module docstring).
 
     Args:
@@ -268,6 +307,8 @@ def boot(trust_dir: str | os.PathLike, release_dir: str | os.PathLike, state_dir
         backend: device TEE backend (``"sim"``).
         runtime_options: keyword arguments for :class:`SandboxedRuntime` (e.g. ``timeout_s``).
         config: read caps (:class:`~sealfl.attestation.config.VerifyConfig`).
+        variant: model variant of a causal-LM release (default: the release's
+            ``default_variant``; see :mod:`sealfl.enclave.llm_boot`).
 
     Returns:
         a :class:`BootedDevice` (close it when done).
@@ -279,12 +320,12 @@ def boot(trust_dir: str | os.PathLike, release_dir: str | os.PathLike, state_dir
             verifiable slot.
     """
     return _boot(trust_dir, release_dir, state_dir, backend=backend, runtime_options=runtime_options,
-                 config=config)
+                 config=config, variant=variant)
 
 
 def boot_last_good(trust_dir: str | os.PathLike, state_dir: str | os.PathLike, *, backend: str = "sim",
                    runtime_options: Mapping[str, Any] | None = None,
-                   config: VerifyConfig = DEFAULT_CONFIG) -> BootedDevice:
+                   config: VerifyConfig = DEFAULT_CONFIG, variant: str | None = None) -> BootedDevice:
     """Re-verify and boot the release recorded as last good in ``state_dir/state.json``
     (from the device's own slot copy).
 
@@ -295,4 +336,5 @@ def boot_last_good(trust_dir: str | os.PathLike, state_dir: str | os.PathLike, *
         BootError: no last good release recorded (reason ``"state"``), or any :func:`boot`
             failure (e.g. the slot was altered).
     """
-    return _boot(trust_dir, None, state_dir, backend=backend, runtime_options=runtime_options, config=config)
+    return _boot(trust_dir, None, state_dir, backend=backend, runtime_options=runtime_options, config=config,
+                 variant=variant)

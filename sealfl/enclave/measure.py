@@ -49,7 +49,7 @@ DEVICE_RELEASE_PCR = 23
 ATTESTATION_MODULES: tuple[str, ...] = ("sealfl.common.errors", "sealfl.common.fsutil") + tuple(
     f"sealfl.attestation.{m}"
     for m in ("__init__", "bundle", "canary", "canonical", "config", "device_state", "dsse", "errors",
-              "keys", "manifest", "onnx_check", "quote", "reader", "release", "schema", "statement",
+              "keys", "llm_canary", "manifest", "onnx_check", "quote", "reader", "release", "schema", "statement",
               "trust", "verify")
 )
 #: The release enclave = attestation code + TEE + release enclave + the CKKS key holder
@@ -60,8 +60,9 @@ RELEASE_ENCLAVE_MODULES: tuple[str, ...] = ATTESTATION_MODULES + tuple(
 )
 DEVICE_RUNTIME_MODULES: tuple[str, ...] = ATTESTATION_MODULES + tuple(
     f"sealfl.enclave.{m}"
-    for m in ("__init__", "acceptance", "device", "errors", "inputs", "measure", "sim", "slots", "tee")
-) + ("sealfl.common.sandbox", "sealfl.common.sandbox_child")
+    for m in ("__init__", "acceptance", "device", "errors", "inputs", "llm_boot", "llm_child", "llm_runtime",
+              "measure", "sim", "slots", "tee")
+) + ("sealfl.common.sandbox", "sealfl.common.sandbox_child", "sealfl.common.llm_decode")
 
 
 def _source_path(module: str) -> str:

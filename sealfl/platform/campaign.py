@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from sealfl.clients.data import N_FEATURES
-from sealfl.clients.task import HeartTask
+from sealfl.clients.tasks import get_task
 from sealfl.common.errors import SealflError
 from sealfl.common.procs import identity
 from sealfl.server.app import ServerConfig
@@ -45,7 +44,8 @@ class CampaignSpec:
         consortium_dir: directory written by ``sealfl consortium create``.
         out_dir: campaign directory (must not hold a campaign unless ``overwrite``).
         rounds: training rounds.
-        local_epochs, lr, batch_size: local training settings sent to partners.
+        local_epochs, lr, batch_size: local training settings sent to partners (``None``:
+            the task's default; ``local_epochs`` means local steps for the causal-LM task).
         min_partners: fewest valid updates per round (default: all but one, at least 2).
         ray_address: attach to this Ray cluster (``None``: ``RAY_ADDRESS`` or a local Ray).
         cpus_per_partner: Ray CPUs reserved per simulated SuperNode.
@@ -58,9 +58,9 @@ class CampaignSpec:
     consortium_dir: str
     out_dir: str
     rounds: int = 10
-    local_epochs: int = 5
-    lr: float = 0.05
-    batch_size: int = 16
+    local_epochs: int | None = None
+    lr: float | None = None
+    batch_size: int | None = None
     seed: int = 0
     min_partners: int | None = None
     ray_address: str | None = None
@@ -88,9 +88,10 @@ def check_spec(spec: CampaignSpec, num_partners: int, min_partners: int) -> None
     """Refuse settings that cannot work, before Ray starts. Raises CampaignError."""
     if not 1 <= min_partners <= num_partners:
         raise CampaignError(f"min_partners={min_partners} but the consortium has {num_partners} partners")
-    if spec.rounds < 1 or spec.local_epochs < 1 or spec.batch_size < 1:
+    if spec.rounds < 1 or (spec.local_epochs is not None and spec.local_epochs < 1) \
+            or (spec.batch_size is not None and spec.batch_size < 1):
         raise CampaignError("rounds, local epochs and batch size must be at least 1")
-    if not (math.isfinite(spec.lr) and spec.lr > 0):
+    if spec.lr is not None and not (math.isfinite(spec.lr) and spec.lr > 0):
         raise CampaignError(f"learning rate must be a positive finite number, got {spec.lr}")
     if isinstance(spec.max_examples, bool) or not isinstance(spec.max_examples, int) or spec.max_examples < 1:
         raise CampaignError(f"max_examples must be a positive integer, got {spec.max_examples!r}")
@@ -117,6 +118,16 @@ def preflight(spec: CampaignSpec) -> tuple[Consortium, int]:
         raise CampaignError(f"{spec.out_dir} already holds a campaign (a release may have been built from it); "
                             "choose a new --out or pass --overwrite")
     return cons, min_partners
+
+
+def train_config(task, spec: CampaignSpec) -> dict:
+    """What partners receive each round: the task's defaults, then the spec's settings."""
+    train = {**task.train_defaults(), "seed": spec.seed}
+    steps_key = "local-epochs" if "local-epochs" in train else "local-steps"
+    for key, value in ((steps_key, spec.local_epochs), ("lr", spec.lr), ("batch-size", spec.batch_size)):
+        if value is not None:
+            train[key] = value
+    return {**train, **spec.extra}
 
 
 def run_campaign(spec: CampaignSpec, on_round: Callable[[dict], None] | None = None, *,
@@ -150,15 +161,13 @@ def run_campaign(spec: CampaignSpec, on_round: Callable[[dict], None] | None = N
         cd.prepare(spec.rounds, overwrite=spec.overwrite, owner=identity())
     except CampaignDirError as exc:
         raise CampaignError(str(exc)) from exc
-    task = HeartTask()
+    task = get_task(cons.task)
     n = len(cons.partners)
     ServerConfig(
         campaign_dir=str(cd.dir.resolve()), public_context=str(cons.public_context.resolve()),
         context_id=cons.context_id, ckks=cons.ckks.to_dict(), num_partners=n, min_partners=min_partners,
-        num_rounds=spec.rounds, n_params=task.n_params, stats_length=1 + 2 * N_FEATURES,
-        initial_params=task.init_params().tolist(),
-        train={"local-epochs": spec.local_epochs, "lr": spec.lr, "batch-size": spec.batch_size, "seed": spec.seed,
-               **spec.extra},
+        num_rounds=spec.rounds, n_params=task.n_params, stats_length=task.stats_length,
+        initial_params=task.init_params().tolist(), train=train_config(task, spec),
         timeout_s=spec.timeout_s, partners=list(cons.partners), partner_keys=partner_public_keys(cons),
         max_examples=spec.max_examples,
     ).save(cd.config_path)

@@ -76,18 +76,22 @@ def main_options(verbose: bool = typer.Option(False, "--verbose", "-v", help="Lo
 @consortium_app.command("create")
 def consortium_create(
     directory: Path = typer.Argument(..., help="New consortium directory."),
-    name: str = typer.Option("heart", help="Consortium name."),
+    name: Optional[str] = typer.Option(None, help="Consortium name (default: the task's name)."),
     partner: Optional[list[str]] = typer.Option(None, "--partner", "-p",
-                                                help="Partner name (repeat). Default: the 4 FLamby hospitals."),
+                                                help="Partner name (repeat). Default: every partner the task has data "
+                                                     "for (heart: the 4 FLamby hospitals; causal-lm: the 4 manuals)."),
+    task: str = typer.Option("heart", help="What the consortium trains: 'heart' (logistic regression on "
+                                          "Fed-Heart-Disease) or 'causal-lm' (LoRA of SmolLM2-135M on the Python docs)."),
 ) -> None:
     """Run the CKKS key ceremony, write one startup kit per partner, provision the release
     enclave (CKKS secret sealed in it) and export the device trust anchors."""
-    from sealfl.clients.data import HOSPITALS
+    from sealfl.clients.tasks import get_task
     from sealfl.platform.consortium import create_consortium
     from sealfl.platform.release import provision_release_enclave, trust_dir
 
     try:
-        cons, codec = create_consortium(directory, name, list(partner or HOSPITALS))
+        name = name or task
+        cons, codec = create_consortium(directory, name, list(partner or get_task(task).partners), task=task)
         provision_release_enclave(cons, codec.secret_context_bytes())
     except (SealflError, OSError) as exc:
         fail(str(exc))
@@ -101,8 +105,9 @@ def campaign_run(
     consortium: Path = typer.Option(..., "--consortium", "-c", help="Consortium directory."),
     out: Path = typer.Option(..., "--out", "-o", help="Campaign directory (status, rounds.jsonl, checkpoint)."),
     rounds: int = typer.Option(10, min=1, help="Training rounds."),
-    local_epochs: int = typer.Option(5, min=1, help="Local epochs per round."),
-    lr: float = typer.Option(0.05, min=1e-9, help="Local SGD learning rate."),
+    local_epochs: Optional[int] = typer.Option(None, min=1, help="Local epochs per round (causal-lm: local steps; "
+                                                                 "default: the task's, 5 / 6)."),
+    lr: Optional[float] = typer.Option(None, min=1e-9, help="Local learning rate (default: the task's, 0.05 / 0.003)."),
     min_partners: Optional[int] = typer.Option(None, min=1, help="Fewest valid updates per round (default: all but one)."),
     overwrite: bool = typer.Option(False, help="Replace an earlier campaign in --out."),
     ray_address: Optional[str] = typer.Option(None, envvar="RAY_ADDRESS",
@@ -176,19 +181,20 @@ def partner_check(
     load the partner's own data split. Nothing leaves this machine."""
     import numpy as np
 
-    from sealfl.clients.data import load_partition
     from sealfl.clients.kit import load_kit
+    from sealfl.clients.tasks import get_task
 
     try:
         k = load_kit(str(kit))
         probe = np.array([1.25, -2.5, 3.0])
         err_max = float(np.max(np.abs(k.codec.decrypt(k.codec.encrypt(probe)) - probe)))
-        part = load_partition(k.partner)
+        task = get_task(k.task)
+        data = task.load_data(k.partner, task.train_defaults())
     except (SealflError, OSError) as exc:
         fail(str(exc))
-    console.print(f"partner [bold]{k.partner}[/] of consortium {k.consortium}: CKKS secret unwrapped "
-                  f"(context {k.codec.context_id.hex()[:16]}…, round-trip error {err_max:.1e}); "
-                  f"data: {part.n_train} training rows, {len(part.y_test)} test rows")
+    console.print(f"partner [bold]{k.partner}[/] of consortium {k.consortium} (task {task.name}): CKKS secret "
+                  f"unwrapped (context {k.codec.context_id.hex()[:16]}…, round-trip error {err_max:.1e}); "
+                  f"data: {task.n_train(data)} training examples")
 
 
 # ---- release ---------------------------------------------------------------------------
@@ -215,6 +221,12 @@ def release_build(
             stopped(exc)
         except (SealflError, OSError) as exc:
             fail(str(exc))
+    if "gate" in res.accuracy:  # a causal-LM release: gate figures per variant
+        g = res.accuracy["gate"]
+        console.print(f"release v{version} in {out}: root digest {res.summary['root_digest']}; " + ", ".join(
+            f"{v.upper()} top-1 agreement {d['top1_agreement']:.3f}, perplexity {d['perplexity']:.2f} "
+            f"(fp32 {d['perplexity_fp32']:.2f})" for v, d in g.items()))
+        return
     console.print(f"release v{version} in {out}: root digest {res.summary['root_digest']}; "
                   f"fp32 {res.accuracy['fp32']['pooled']:.3f}, INT8 {res.accuracy['int8']['pooled']:.3f}")
 
@@ -344,6 +356,11 @@ def demo(
             stopped(exc)
         except (SealflError, OSError) as exc:
             fail(str(exc))
+
+
+from .cli_llm import register as _register_llm  # noqa: E402  (device generate, llm-demo)
+
+_register_llm(app, device_app, console, err, fail, stopped, EXIT_REFUSED_KEPT_LAST_GOOD)
 
 
 def main() -> None:

@@ -27,7 +27,8 @@ from pathlib import Path
 
 from Crypto.PublicKey import ECC
 
-from sealfl.clients.data import HOSPITALS
+from sealfl.clients.errors import ClientError
+from sealfl.clients.tasks import get_task
 from sealfl.clients.kit import CKKS_LABEL, kit_dir, slug
 from sealfl.common.he import CKKSCodec, CKKSParams
 from sealfl.common.keywrap import wrap
@@ -70,13 +71,14 @@ def _write_private(path: Path, data: bytes) -> None:
 
 
 def create_consortium(d: str | Path, name: str, partners: list[str], *, params: CKKSParams | None = None,
-                      task: str = "heart-logreg") -> tuple[Consortium, CKKSCodec]:
+                      task: str = "heart") -> tuple[Consortium, CKKSCodec]:
     """Run the key ceremony and write the consortium directory.
 
     Returns the loaded :class:`Consortium` and the SECRET codec (so the caller can seal it
     into the release enclave; drop it afterwards).
     Raises ConsortiumError if ``d`` is not empty, partner names collide (also after
-    mapping to directory names), or a partner has no data for ``task``.
+    mapping to directory names), ``task`` is not a registered task
+    (:mod:`sealfl.clients.tasks`), or a partner has no data for it.
     """
     d = Path(d)
     if (d / "consortium.json").exists():
@@ -88,12 +90,14 @@ def create_consortium(d: str | Path, name: str, partners: list[str], *, params: 
     slugs = [slug(p) for p in partners]
     if len(set(slugs)) != len(slugs) or "" in slugs:
         raise ConsortiumError(f"partner names must map to distinct directory names, got {dict(zip(partners, slugs))}")
-    if task == "heart-logreg":
-        unknown = [p for p in partners if p not in HOSPITALS]
-        if unknown:
-            raise ConsortiumError(
-                f"the heart-logreg task has data for the FLamby hospitals {', '.join(HOSPITALS)} only; "
-                f"unknown partner(s): {', '.join(unknown)}")
+    try:
+        the_task = get_task(task)
+    except ClientError as exc:
+        raise ConsortiumError(str(exc)) from exc
+    unknown = [p for p in partners if p not in the_task.partners]
+    if unknown:
+        raise ConsortiumError(f"the {task} task has data for {the_task.partners_doc} {', '.join(the_task.partners)} "
+                              f"only; unknown partner(s): {', '.join(unknown)}")
     t0 = time.perf_counter()
     codec = CKKSCodec.generate(params)
     secret = codec.secret_context_bytes()

@@ -19,7 +19,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from sealfl.server.errors import ReplyError
 from sealfl.server.validation import ReplyLimits, check_candidate_counts
@@ -35,15 +35,17 @@ MAX_RESULT_BYTES = 1 << 20
 
 
 def pool_counts(per_partner: Mapping, partners: list[str], candidates: list[str], *, limits: ReplyLimits,
-                expected_n: Mapping[str, int] | None = None) -> dict[str, dict]:
+                expected_n: Mapping[str, int] | None = None, sums: Sequence[str] = ()) -> dict[str, dict]:
     """Check every partner's counts and pool them per candidate.
 
     Args:
         per_partner: ``{partner: {candidate: {"correct", "n"}}}`` (parsed JSON).
         partners: every partner that must be present; candidates: candidate names.
         limits: caps on counts; expected_n: partner -> test rows from the campaign.
+        sums: float sums reported per candidate (pooled by addition, like the counts).
     Returns:
-        ``{candidate: {"pooled", "correct", "n", "per_partner": {p: {"correct", "n", "accuracy"}}}}``.
+        ``{candidate: {"pooled", "correct", "n", <sum>..., "per_partner": {p: {"correct", "n",
+        "accuracy", <sum>...}}}}``.
     Raises:
         ReleaseError: a partner is missing or its counts fail a check (names both).
     """
@@ -56,7 +58,7 @@ def pool_counts(per_partner: Mapping, partners: list[str], candidates: list[str]
             raise ReleaseError(f"partner {p!r} did not report counts for the candidates; not releasing")
         flat = {f"{c}.{k}": v for c, d in raw.items() if isinstance(d, Mapping) for k, v in d.items()}
         try:
-            counts = check_candidate_counts(flat, candidates, limits=limits,
+            counts = check_candidate_counts(flat, candidates, limits=limits, sums=sums,
                                             expected_n=(expected_n or {}).get(p), where=f"partner {p!r} counts")
         except ReplyError as exc:
             raise ReleaseError(f"refusing the counts of partner {p!r}: {exc}; not releasing") from exc
@@ -66,14 +68,17 @@ def pool_counts(per_partner: Mapping, partners: list[str], candidates: list[str]
     for c in candidates:
         per = result[c]["per_partner"]
         correct, n = sum(v["correct"] for v in per.values()), sum(v["n"] for v in per.values())
-        result[c].update(pooled=correct / n, correct=correct, n=n)
+        result[c].update(pooled=correct / n, correct=correct, n=n,
+                         **{k: sum(v[k] for v in per.values()) for k in sums})
     return result
 
 
 def federated_evaluate(cons: Consortium, candidates: dict[str, bytes], *, ray_address: str | None = None,
                        client_app: str | None = None, client_app_kwargs: dict | None = None,
                        app_dir: str | None = None, expected_n: Mapping[str, int] | None = None,
-                       limits: ReplyLimits | None = None) -> dict[str, dict]:
+                       limits: ReplyLimits | None = None, reference_names: Sequence[str] = (),
+                       sums: Sequence[str] = (), global_arrays: Mapping | None = None,
+                       config: Mapping | None = None) -> dict[str, dict]:
     """Score ``candidates`` (name -> ONNX bytes) at every partner.
 
     ``client_app`` / ``client_app_kwargs`` / ``app_dir``: as for
@@ -99,13 +104,21 @@ def federated_evaluate(cons: Consortium, candidates: dict[str, bytes], *, ray_ad
             paths[name] = str(d / f"candidate-{i}.onnx")
             Path(paths[name]).write_bytes(blob)
         out = d / "result.json"
+        gpath = None
+        if global_arrays:
+            import numpy as np
+
+            gpath = str(d / "global.npz")
+            np.savez(gpath, **{k: np.asarray(v) for k, v in global_arrays.items()})
         job = {"kind": "fedeval", "candidates": paths, "out": str(out), "consortium_dir": str(cons.dir.resolve()),
                "num_supernodes": len(cons.partners), "client_app": client_app,
                "client_app_kwargs": client_app_kwargs or {}, "app_dir": app_dir, "ray": plan,
                "eval": {"partners": list(cons.partners), "partner_keys": partner_public_keys(cons),
                         "context_id": cons.context_id,
                         "limits": {"max_examples": limits.max_examples, "max_loss": limits.max_loss},
-                        "expected_n": dict(expected_n) if expected_n else None}}
+                        "expected_n": dict(expected_n) if expected_n else None,
+                        "reference_names": list(reference_names), "sums": list(sums), "global": gpath,
+                        "config": dict(config or {})}}
         log_path = d / "worker.log"
         result = run_worker(job, env=ray_environment(plan, dict(os.environ)), log_path=log_path, app_dir=app_dir)
         if not result.get("ok") or not out.exists():
@@ -130,4 +143,5 @@ def federated_evaluate(cons: Consortium, candidates: dict[str, bytes], *, ray_ad
     missing = [p for p in cons.partners if p not in per]
     if missing:
         raise ReleaseError(f"partners {missing} did not evaluate the candidates ({failed}); not releasing")
-    return pool_counts(per, list(cons.partners), list(candidates), limits=limits, expected_n=expected_n)
+    return pool_counts(per, list(cons.partners), sorted(set(candidates) | set(reference_names)), limits=limits,
+                       expected_n=expected_n, sums=sums)

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sealfl.clients.task import HeartTask
+from sealfl.clients.tasks import get_task
 from sealfl.common.errors import CiphertextError, DecryptedValueError
 from sealfl.enclave.keyholder import KeyHolder
 from sealfl.enclave.release_enclave import ReleaseEnclave
@@ -94,6 +94,19 @@ def finished_checkpoint(campaign_dir: str | Path) -> dict:
     return ckpt
 
 
+def campaign_train_config(campaign_dir: str | Path) -> dict:
+    """The training settings the campaign sent its partners (its ``server_config.json``),
+    so the gate's partners tokenise their text as they did; {} if unreadable."""
+    import json
+
+    try:
+        cfg = json.loads(CampaignDir(campaign_dir).config_path.read_text())
+        train = cfg.get("train") if isinstance(cfg, dict) else None
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return {k: v for k, v in (train or {}).items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
+
+
 def campaign_test_counts(campaign_dir: str | Path) -> dict[str, int]:
     """Partner -> test rows it reported in the campaign's last evaluated round
     (``rounds.jsonl`` ``per_partner``), for the gate's consistency check; {} if none."""
@@ -105,7 +118,7 @@ def campaign_test_counts(campaign_dir: str | Path) -> dict[str, int]:
     return {}
 
 
-def open_final_model(keys: KeyHolder, ckpt: dict, task: HeartTask, campaign_dir) -> tuple:
+def open_final_model(keys: KeyHolder, ckpt: dict, task, campaign_dir) -> tuple:
     """Decrypt the final checkpoint inside the release enclave, checked and rounded
     (:meth:`KeyHolder.open_model`, :meth:`KeyHolder.open_stats`): returns (params, mean, std).
 
@@ -167,7 +180,7 @@ class ReleaseResult:
 def release(consortium_dir: str | Path, campaign_dir: str | Path, out_dir: str | Path, *, version: int,
             name: str = "heart-risk", max_drop: float = 0.01, ray_address: str | None = None,
             client_app: str | None = None, client_app_kwargs: dict | None = None,
-            app_dir: str | None = None) -> ReleaseResult:
+            app_dir: str | None = None, on_stage=None) -> ReleaseResult:
     """Build, gate, sign and attest a release of the campaign's final global model.
 
     Raises:
@@ -187,6 +200,12 @@ def release(consortium_dir: str | Path, campaign_dir: str | Path, out_dir: str |
     pending signal is raised with the release named as written. The partners' evaluation
     runs in a worker process tree (:mod:`sealfl.platform.supervisor`).
     ``client_app`` / ``client_app_kwargs`` / ``app_dir``: see :func:`federated_evaluate`.
+
+    The consortium's task decides what is built (:mod:`sealfl.clients.tasks`): a tabular
+    task takes the path below; a causal-LM task the path of
+    :func:`sealfl.platform.llm.pipeline.release_llm` (``accuracy`` then holds its report:
+    gate figures, perplexity before/after per partner, sizes, time per stage;
+    ``on_stage(name)`` is called as each stage starts).
     """
     if not (0.0 <= max_drop <= 1.0):
         raise ReleaseError(f"max_drop must lie in [0, 1], got {max_drop}")
@@ -199,8 +218,18 @@ def release(consortium_dir: str | Path, campaign_dir: str | Path, out_dir: str |
     supervisor.check()
     enclave = ReleaseEnclave.open(enclave_dir(cons))
     keys = KeyHolder(enclave, cons.ckks, bytes.fromhex(cons.context_id))
-    task = HeartTask()
+    task = get_task(cons.task)
     params, mean, std = open_final_model(keys, ckpt, task, campaign_dir)
+    if task.release_kind == "causal-lm":
+        from .llm.pipeline import release_llm
+
+        summary, report = release_llm(cons, task, enclave, params, ckpt, campaign_dir, out_dir, version=version,
+                                      name=name if name != "heart-risk" else "smollm2-python-docs",
+                                      ray_address=ray_address, client_app=client_app,
+                                      client_app_kwargs=client_app_kwargs, app_dir=app_dir,
+                                      expected_n=campaign_test_counts(campaign_dir),
+                                      train_config=campaign_train_config(campaign_dir), on_stage=on_stage)
+        return ReleaseResult(summary, report, report["sizes"], [], time.perf_counter() - t0)
     fp32 = task.to_onnx(params, mean, std)
     try:
         int8 = quantize_int8(fp32)

@@ -86,9 +86,17 @@ def run_job(job: dict) -> dict:
 
         candidates = {name: Path(p).read_bytes() for name, p in job["candidates"].items()}
         ev = job["eval"]
+        global_arrays = None
+        if ev.get("global"):
+            import numpy as np
+
+            with np.load(ev["global"], allow_pickle=False) as z:
+                global_arrays = {k: z[k] for k in z.files}
         app = make_eval_server_app(candidates, job["num_supernodes"], job["out"], partners=ev["partners"],
                                    partner_keys=ev["partner_keys"], context_id=bytes.fromhex(ev["context_id"]),
-                                   limits=ReplyLimits(**ev["limits"]), expected_n=ev["expected_n"])
+                                   limits=ReplyLimits(**ev["limits"]), expected_n=ev["expected_n"],
+                                   reference_names=ev.get("reference_names", ()), sums=ev.get("sums", ()),
+                                   global_arrays=global_arrays, config=ev.get("config"))
         failure = run_flower(app, client_app, job["num_supernodes"], **run)
         if failure is not None:
             raise ReleaseError(f"{type(failure).__name__}: {failure}") from failure

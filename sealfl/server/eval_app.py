@@ -39,7 +39,9 @@ def make_eval_server_app(candidates: dict[str, bytes], num_partners: int, out_pa
                          timeout_s: float = 600.0, *, partners: Sequence[str] = (),
                          partner_keys: Mapping[str, str] | None = None, context_id: bytes = b"",
                          limits: ReplyLimits | None = None,
-                         expected_n: Mapping[str, int] | None = None) -> ServerApp:
+                         expected_n: Mapping[str, int] | None = None, reference_names: Sequence[str] = (),
+                         sums: Sequence[str] = (), global_arrays: Mapping | None = None,
+                         config: Mapping | None = None) -> ServerApp:
     """Build the evaluation ServerApp.
 
     Args:
@@ -51,24 +53,31 @@ def make_eval_server_app(candidates: dict[str, bytes], num_partners: int, out_pa
             (PEM) -- as in :class:`sealfl.server.app.ServerConfig`.
         limits: caps on counts (default :class:`ReplyLimits`).
         expected_n: partner -> test rows it reported during the campaign (optional).
+        reference_names: further names partners score without bytes (the task's
+            references, e.g. ``fp32`` and ``base`` for the causal-LM task).
+        sums: float sums each partner reports per name (e.g. ``nll``).
+        global_arrays: arrays of an encrypted ``global`` record sent with the query (the
+            final checkpoint: partners decrypt it, as key holders, to build the reference).
+        config: scalar settings sent with the query (the campaign's data settings).
     """
     app = ServerApp()
     limits = limits or ReplyLimits()
     expected_n = dict(expected_n or {})
-    names = sorted(candidates)
+    names = sorted(set(candidates) | set(reference_names))
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         roster = Roster.from_pems(list(partners), partner_keys or None, context_id)
         ids = wait_for_nodes(grid, num_partners, timeout_s)
         record = ArrayRecord({k: Array(P.to_u8(v)) for k, v in candidates.items()})
-        msgs = [Message(content=RecordDict({P.CONFIG: ConfigRecord({P.QUERY: P.QUERY_EVAL_ONNX}),
-                                            P.CANDIDATES: record}),
-                        dst_node_id=nid, message_type=MessageType.QUERY) for nid in ids]
+        content = {P.CONFIG: ConfigRecord({P.QUERY: P.QUERY_EVAL_ONNX, **dict(config or {})}), P.CANDIDATES: record}
+        if global_arrays:
+            content[P.GLOBAL] = ArrayRecord({k: Array(v) for k, v in global_arrays.items()})
+        msgs = [Message(content=RecordDict(content), dst_node_id=nid, message_type=MessageType.QUERY) for nid in ids]
         replies = grid.send_and_receive(msgs, timeout=timeout_s)
         screened = screen(replies, msgs, roster,
                           lambda p, c: parse_candidate_reply(c, names, limits=limits, expected_n=expected_n.get(p),
-                                                             signed=roster.signed),
+                                                             signed=roster.signed, sums=tuple(sums)),
                           phase="gate query", bind=True)
         result = {"per_partner": {p: screened.accepted[p] for p in sorted(screened.accepted)},
                   "failed": screened.rejected}

@@ -277,25 +277,36 @@ def parse_eval_reply(content: Any, *, limits: ReplyLimits, expected_n: int | Non
 
 
 def check_candidate_counts(counts: Any, candidates: Sequence[str], *, limits: ReplyLimits,
-                           expected_n: int | None, where: str = P.METRICS) -> dict[str, dict[str, int]]:
+                           expected_n: int | None, where: str = P.METRICS,
+                           sums: Sequence[str] = ()) -> dict[str, dict]:
     """Check ``{"<cand>.correct": int, "<cand>.n": int, ...}`` (exactly these keys, for
-    every candidate): each ``n`` an int in ``[1, max_examples]``, the same for every
-    candidate and equal to ``expected_n`` when given; each ``correct`` an int in ``[0, n]``.
+    every candidate, plus ``"<cand>.<s>"`` for each name ``s`` in ``sums``): each ``n`` an
+    int in ``[1, max_examples]``, the same for every candidate and equal to ``expected_n``
+    when given; each ``correct`` an int in ``[0, n]``; each sum (e.g. a summed NLL) a
+    finite float in ``[0, max_loss * n]`` (a mean per example above ``max_loss`` is refused
+    like a loss).
 
-    Returns ``{candidate: {"correct": int, "n": int}}``. Raises ReplyError.
+    Returns ``{candidate: {"correct": int, "n": int, <sum>: float}}``. Raises ReplyError.
     """
-    want = {f"{c}.{k}" for c in candidates for k in ("correct", "n")}
+    want = {f"{c}.{k}" for c in candidates for k in ("correct", "n", *sums)}
     try:
         have = set(counts.keys())
     except Exception as exc:
         raise ReplyError(where, f"is not a mapping ({type(counts).__name__})") from exc
     if have != want:
         raise ReplyError(where, f"unexpected keys {sorted(map(str, have - want))}, missing keys {sorted(want - have)}")
-    out: dict[str, dict[str, int]] = {}
+    out: dict[str, dict] = {}
     for c in candidates:
         n = check_count(counts[f"{c}.n"], f"{where}.{c}.n", hi=limits.max_examples)
         correct = check_count(counts[f"{c}.correct"], f"{where}.{c}.correct", lo=0, hi=n)
         out[c] = {"correct": correct, "n": n}
+        for key in sums:
+            v = counts[f"{c}.{key}"]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                    or not 0 <= v <= limits.max_loss * n:
+                raise ReplyError(f"{where}.{c}.{key}", f"must be a finite number in [0, {limits.max_loss * n:g}], "
+                                                       f"got {v!r}")
+            out[c][key] = float(v)
     ns = {c: v["n"] for c, v in out.items()}
     if len(set(ns.values())) > 1:
         raise ReplyError(f"{where}.n", f"candidates were scored on different numbers of rows: {ns}")
@@ -306,9 +317,9 @@ def check_candidate_counts(counts: Any, candidates: Sequence[str], *, limits: Re
 
 
 def parse_candidate_reply(content: Any, candidates: Sequence[str], *, limits: ReplyLimits,
-                          expected_n: int | None, signed: bool = True) -> dict[str, dict[str, int]]:
-    """Check a release-gate query reply (counts per candidate, see
+                          expected_n: int | None, signed: bool = True, sums: Sequence[str] = ()) -> dict[str, dict]:
+    """Check a release-gate query reply (counts and sums per candidate, see
     :func:`check_candidate_counts`). Raises ReplyError."""
-    keys = tuple(f"{c}.{k}" for c in candidates for k in ("correct", "n"))
+    keys = tuple(f"{c}.{k}" for c in candidates for k in ("correct", "n", *sums))
     check_shape(content, dict([(P.METRICS, ("metric", keys)), _partner_shape(signed)]))
-    return check_candidate_counts(content[P.METRICS], candidates, limits=limits, expected_n=expected_n)
+    return check_candidate_counts(content[P.METRICS], candidates, limits=limits, expected_n=expected_n, sums=sums)
