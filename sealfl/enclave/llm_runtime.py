@@ -32,9 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence

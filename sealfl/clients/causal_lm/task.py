@@ -36,7 +36,7 @@ import numpy as np
 from sealfl.common.decrypted import DecryptBounds
 
 from ..corpus import PARTNER_MANUALS, load_partner_text
-from .base import BASE_MODEL, load_base_model
+from .base import load_base_model
 from .lora import LMTrainConfig, LoraSpec, attach_lora, init_adapters, load_adapters, train_local
 from .text import token_blocks
 

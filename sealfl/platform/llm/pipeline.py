@@ -28,7 +28,7 @@ import numpy as np
 from sealfl.common import protocol as P
 
 from .. import supervisor
-from ..errors import Interrupted, ReleaseError, signal_name
+from ..errors import Interrupted, signal_name
 from ..fedeval import federated_evaluate
 from ..register import mark_issued, reserve, unreserve
 from .gate import THRESHOLDS, GateCounts
