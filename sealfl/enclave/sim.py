@@ -13,6 +13,10 @@ State directory (mode 0700)::
     ak.pem      AK private key, PKCS#8 PEM, mode 0600
     seal.key    32-byte AES-256 sealing key, mode 0600
     pcrs.json   current PCR values {"0": hex, ..., "23": hex}, mode 0600
+    floor.seal  the anti-rollback floor record (:mod:`sealfl.attestation.tee_floor`),
+                sealed by this TEE (no PCR policy), mode 0600. Deleting it makes the
+                device refuse to boot; restoring an older copy would lower the floor --
+                the simulation protects nothing, the ``tpm`` backend keeps it in NV.
 
 ``tee.json`` and ``pcrs.json`` are parsed strictly and every field is type-checked: a
 malformed one is a :class:`TEEStateError` naming the file and the field.
@@ -43,10 +47,11 @@ from sealfl.attestation.errors import AttestationError
 from sealfl.attestation.quote import DIGEST_SIZE, NUM_PCRS, ZERO_PCR, make_quote, parse_pcr_map
 from sealfl.attestation.quote import extend as _extend
 from sealfl.attestation.schema import Fields
+from sealfl.attestation.tee_floor import FloorRecord
 
 from sealfl.common.fsutil import atomic_write, check_private_file, ensure_private_dir
 from .errors import TEEError, TEEStateError, UnsealError
-from .tee import TEE
+from .tee import TEE, check_floor_write
 
 __all__ = ["SimTEE", "TEE_CLASS"]
 
@@ -54,6 +59,7 @@ log = logging.getLogger(__name__)
 
 _MAGIC = b"SEALFL-SIMSEAL/1\n"
 _STATE_FILES = ("tee.json", "ak.pem", "seal.key", "pcrs.json")
+_FLOOR_FILE = "floor.seal"
 _FORMAT = 1
 
 
@@ -136,6 +142,7 @@ class SimTEE(TEE):
         atomic_write(root / "seal.key", seal_key, 0o600)
         tee = cls(root, ak_pem, seal_key, pcrs)
         tee._save_pcrs()
+        tee.write_floor(FloorRecord(tee.ak_keyid()))
         atomic_write(root / "tee.json", canonical_json({"backend": "sim", "format": _FORMAT}), 0o600)
         return tee
 
@@ -200,6 +207,26 @@ class SimTEE(TEE):
             return make_quote("sim", self.read(pcrs), purpose, data, lambda msg: _keys.sign(self._ak, msg))
         except AttestationError as exc:
             raise TEEError(f"cannot produce quote: {exc}") from exc
+
+    def read_floor(self) -> FloorRecord:
+        """See :meth:`TEE.read_floor`; unseals ``floor.seal``."""
+        path = self._dir / _FLOOR_FILE
+        try:
+            blob = path.read_bytes()
+        except OSError as exc:
+            raise TEEStateError(f"{path}: the TEE's rollback floor is missing ({exc.strerror or exc}); the TEE "
+                                "state is incomplete: re-provision the device on purpose "
+                                "(sealfl device provision --force)") from exc
+        try:
+            return FloorRecord.from_bytes(self.unseal(blob))
+        except (UnsealError, AttestationError) as exc:
+            raise TEEStateError(f"{path}: {exc}") from exc
+
+    def write_floor(self, record: FloorRecord) -> None:
+        """See :meth:`TEE.write_floor`."""
+        path = self._dir / _FLOOR_FILE
+        check_floor_write(self.read_floor() if path.exists() else None, record)
+        atomic_write(path, self.seal(record.to_bytes()), 0o600)
 
     def public_key(self) -> bytes:
         """See :meth:`TEE.public_key`."""

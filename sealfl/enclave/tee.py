@@ -18,11 +18,12 @@ from collections.abc import Mapping, Sequence
 
 from Crypto.PublicKey import ECC
 
-from sealfl.attestation.keys import load_public_key
+from sealfl.attestation.keys import keyid, load_public_key
+from sealfl.attestation.tee_floor import FloorRecord
 
 from .errors import TEEError
 
-__all__ = ["TEE", "BACKEND_MODULES", "backend_class", "create_tee", "load_tee"]
+__all__ = ["TEE", "BACKEND_MODULES", "check_floor_write", "backend_class", "create_tee", "load_tee"]
 
 #: backend name -> module defining ``TEE_CLASS``.
 BACKEND_MODULES: dict[str, str] = {"sim": "sealfl.enclave.sim", "tpm": "sealfl.enclave.tpm"}
@@ -106,9 +107,39 @@ class TEE(ABC):
     def public_key(self) -> bytes:
         """The AK public key as SubjectPublicKeyInfo PEM bytes."""
 
+    @abstractmethod
+    def read_floor(self) -> FloorRecord:
+        """The anti-rollback floor kept by the TEE (:mod:`sealfl.attestation.tee_floor`).
+
+        Raises:
+            TEEStateError: the TEE holds no floor record or a malformed one (re-provision).
+        """
+
+    @abstractmethod
+    def write_floor(self, record: FloorRecord) -> None:
+        """Store ``record`` as the TEE's floor. A backend refuses to lower the floor.
+
+        Raises:
+            TEEError: the record would lower the floor, or the TEE write failed.
+        """
+
     def ak_public_key(self) -> ECC.EccKey:
         """The AK public key parsed as an ECC key (convenience over :meth:`public_key`)."""
         return load_public_key(self.public_key())
+
+    def ak_keyid(self) -> str:
+        """SHA-256 (hex) of the AK's DER SubjectPublicKeyInfo (:func:`sealfl.attestation.keys.keyid`)."""
+        return keyid(self.ak_public_key())
+
+
+def check_floor_write(old: FloorRecord | None, new: FloorRecord) -> None:
+    """Refuse a floor write that would lower the floor (shared by every backend).
+
+    Raises:
+        TEEError: ``new.version`` is below ``old.version``.
+    """
+    if old is not None and old.version is not None and (new.version is None or new.version < old.version):
+        raise TEEError(f"refusing to lower the TEE rollback floor from {old.version} to {new.version}")
 
 
 def backend_class(backend: str) -> type[TEE]:
