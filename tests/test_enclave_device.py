@@ -16,6 +16,7 @@ from sealfl.attestation.quote import pcr_after, verify_quote
 from sealfl.enclave.device import boot, boot_last_good, read_device_state
 from sealfl.enclave.errors import BootError
 from sealfl.enclave.measure import measure_device_runtime
+from sealfl.enclave.measured import measure_config
 from sealfl.enclave.verify_cli import verify_dir
 
 
@@ -29,10 +30,10 @@ def test_good_release_boots_and_predicts(trust_dir, release_dir, tmp_path):
     with boot(trust_dir, release_dir, state) as device:
         np.testing.assert_array_equal(device.predict(x), _direct(make_onnx_model(), x))
         assert device.model_file == MODEL_FILE and device.release.version == 3
-        # PCR 16 = runtime code, PCR 23 = release root digest, each extended once after reset
+        # PCR 16 = runtime code then configuration, PCR 23 = release root digest, each extended once after reset
         root = device.release.root_digest
         pcrs = device.tee.read([16, 23])
-        assert pcrs[16].hex() == pcr_after([measure_device_runtime()])
+        assert pcrs[16].hex() == pcr_after([measure_device_runtime(), measure_config(trust_dir)])
         assert pcrs[23] == hashlib.sha256(b"\0" * 32 + bytes.fromhex(root)).digest()
         quote = device.attest(b"\x07" * 32)
         verify_quote(quote, device.tee.ak_public_key(), "challenge", b"\x07" * 32, {23: pcrs[23].hex()})

@@ -5,13 +5,16 @@
 1. load the pinned trust anchors from ``trust_dir``;
 2. read the device's trusted state (``state_dir/state.json``: its rollback floor and last
    good release; :class:`~sealfl.attestation.device_state.DeviceState`);
-3. open (or provision) the device TEE in ``state_dir/tee`` -- PCRs reset, i.e. a reboot --
-   and extend :func:`~sealfl.enclave.measure.measure_device_runtime` into PCR 16;
+3. open the device TEE in ``state_dir/tee`` (:func:`~sealfl.enclave.provision.open_device_tee`:
+   provisioned implicitly only on a fresh device; missing or foreign TEE state is refused),
+   PCRs reset, i.e. a reboot; read its rollback floor; start a new event log and extend
+   :func:`~sealfl.enclave.measure.measure_device_runtime` and the configuration
+   (:func:`~sealfl.enclave.measured.measure_config`) into PCR 16 (:mod:`sealfl.enclave.measured`);
 4. read and verify the release directory with
    :func:`~sealfl.attestation.reader.load_release`: the signed documents first under tight
    caps, then each listed file no further than its signed size + 1 byte; an unlisted file is
    never opened; versions are checked against the device state and the policy;
-5. extend the verified root digest into PCR 23;
+5. extend the verified root digest into PCR 23 (a ``release-root`` event);
 6. start :class:`~sealfl.common.sandbox.SandboxedRuntime` with the verified bytes of the
    model file (``metadata["model_file"]``, else the single ``.onnx`` payload file);
 7. health check (ping + one inference on zeros when the first input is float), then the
@@ -19,7 +22,7 @@
    answers must match the canary's expected outputs within its tolerance;
 8. record the release crash-consistently (:func:`sealfl.enclave.slots.commit`): a private
    copy of the verified bytes in a new ``state_dir/slots/<name>``, then ``state.json``
-   (:meth:`DeviceState.accept`), then removal of older slots.
+   (:meth:`DeviceState.accept`), then removal of older slots; then the TEE floor is raised.
 
 Any failure raises :class:`BootError`; ``state.json`` then still names a complete, verifiable
 slot (or is absent on a fresh device), so :func:`boot_last_good` can bring the last good
@@ -47,13 +50,15 @@ from sealfl.attestation.verify import VerifiedRelease
 from sealfl.common.fsutil import ensure_private_dir
 
 from . import measure as _measure
+from . import measured as _measured
 from . import slots as _slots
 from .acceptance import input_spec_of, run_canary
-from .errors import BootError, EnclaveError, InputSpecError, RuntimeSandboxError
+from .errors import BootError, EnclaveError, InputSpecError, RuntimeSandboxError, TEEStateError
 from .inputs import check_rows
 from .llm_boot import boot_llm, is_llm_release
 from sealfl.common.sandbox import SandboxedRuntime
-from .tee import TEE, create_tee, load_tee
+from .provision import open_device_tee
+from .tee import TEE
 
 __all__ = ["STATE_FILE", "STATE_SCHEMA", "BootedDevice", "select_model_file", "read_device_state",
            "boot", "boot_last_good"]
@@ -178,12 +183,6 @@ def read_device_state(state_dir: str | os.PathLike) -> DeviceState:
         raise BootError(str(exc), reason="state") from exc
 
 
-def _open_tee(tee_dir: Path, backend: str) -> TEE:
-    if tee_dir.exists() and any(tee_dir.iterdir()):
-        return load_tee(backend, tee_dir, reset_pcrs=True)
-    return create_tee(backend, tee_dir)
-
-
 def _health_check(runtime: SandboxedRuntime) -> None:
     runtime.health_check()
     first = runtime.inputs[0] if runtime.inputs else None
@@ -223,7 +222,7 @@ def _same_release(release: VerifiedRelease, last: LastGood) -> bool:
     return release.root_digest == last.root_digest
 
 
-def _boot_locked(trust_dir, release_dir, state_root: Path, *, backend: str,
+def _boot_locked(trust_dir, release_dir, state_root: Path, *, backend: str | None,
                  runtime_options: Mapping[str, Any] | None, config: VerifyConfig,
                  variant: str | None = None) -> BootedDevice:
     """Boot ``release_dir`` and record it; ``release_dir=None`` boots the recorded last good
@@ -241,9 +240,15 @@ def _boot_locked(trust_dir, release_dir, state_root: Path, *, backend: str,
                             reason="state")
         release_dir = _slots.slot_path(state_root, expect.slot)
     try:
-        tee = _open_tee(state_root / "tee", backend)
-        tee.extend(_measure.DEVICE_RUNTIME_PCR, _measure.measure_device_runtime())
-    except EnclaveError as exc:
+        tee = open_device_tee(state_root, backend)
+        floor = tee.read_floor()
+    except TEEStateError as exc:
+        raise BootError(f"device TEE state refused: {exc}", reason="tee-state") from exc
+    try:
+        _measured.begin(state_root)
+        _measured.record(tee, state_root, "runtime-code", _measure.measure_device_runtime(), "sealfl runtime")
+        _measured.record(tee, state_root, "config", _measured.measure_config(trust_dir), str(trust_dir))
+    except (EnclaveError, OSError) as exc:
         raise BootError(f"cannot open the device TEE or measure the runtime: {exc}", reason="tee") from exc
     release_path = Path(release_dir).resolve()
     try:
@@ -251,11 +256,20 @@ def _boot_locked(trust_dir, release_dir, state_root: Path, *, backend: str,
     except VerificationError as exc:
         raise BootError(f"release in {release_path} refused: {exc}", reason="verification",
                         file=exc.file, check=exc.check) from exc
+    try:
+        floor.check(release.version, release.statement_digest)
+    except VerificationError as exc:
+        raise BootError(f"release in {release_path} refused: {exc}", reason="verification",
+                        file=exc.file, check=exc.check) from exc
     if expect is not None and not _same_release(release, expect):
         raise BootError(f"release in {release_path} (root digest {release.root_digest}) is not the recorded "
                         f"last good release (root digest {expect.root_digest}); the directory was replaced",
                         reason="verification", file=str(release_path), check="root-digest")
-    tee.extend(_measure.DEVICE_RELEASE_PCR, bytes.fromhex(release.root_digest))
+    try:
+        _measured.record(tee, state_root, "release-root", bytes.fromhex(release.root_digest),
+                         f"{release.name} v{release.version}")
+    except (EnclaveError, OSError) as exc:
+        raise BootError(f"cannot measure the release root digest: {exc}", reason="tee") from exc
     llm, stats = None, None
     if is_llm_release(release.metadata):
         runtime, llm, stats = boot_llm(release.payload, release.metadata, variant, runtime_options)
@@ -269,6 +283,11 @@ def _boot_locked(trust_dir, release_dir, state_root: Path, *, backend: str,
         except (OSError, DeviceStateError) as exc:
             runtime.close()
             raise BootError(f"cannot record {STATE_FILE}: {exc}", reason="state") from exc
+        try:  # after state.json: a crash in between leaves the TEE floor lower, never above the slot
+            tee.write_floor(floor.raised(release.version, release.statement_digest))
+        except EnclaveError as exc:
+            runtime.close()
+            raise BootError(f"cannot raise the TEE rollback floor: {exc}", reason="tee") from exc
     log.info("device booted %s v%d (%s) from %s", release.name, release.version, release.root_digest,
              release_path)
     return BootedDevice(release, model_file, runtime, tee, release_path, llm, stats)
@@ -296,7 +315,7 @@ def _start_tabular(release: VerifiedRelease, model_file: str, runtime_options) -
 
 
 def boot(trust_dir: str | os.PathLike, release_dir: str | os.PathLike, state_dir: str | os.PathLike, *,
-         backend: str = "sim", runtime_options: Mapping[str, Any] | None = None,
+         backend: str | None = None, runtime_options: Mapping[str, Any] | None = None,
          config: VerifyConfig = DEFAULT_CONFIG, variant: str | None = None) -> BootedDevice:
     """Boot the release in ``release_dir`` (steps in the module docstring).
 
@@ -304,7 +323,9 @@ def boot(trust_dir: str | os.PathLike, release_dir: str | os.PathLike, state_dir
         trust_dir: pinned trust directory (see :mod:`sealfl.attestation.trust`).
         release_dir: release directory to verify and run.
         state_dir: device state (``tee/``, ``state.json``, ``slots/``); created with mode 0700.
-        backend: device TEE backend (``"sim"``).
+        backend: device TEE backend (``"sim"``, ``"tpm"``), or None (default) for the one
+            provisioned in ``state_dir/tee`` (``"sim"`` on a fresh device;
+            :mod:`sealfl.enclave.provision`).
         runtime_options: keyword arguments for :class:`SandboxedRuntime` (e.g. ``timeout_s``).
         config: read caps (:class:`~sealfl.attestation.config.VerifyConfig`).
         variant: model variant of a causal-LM release (default: the release's
@@ -314,7 +335,9 @@ def boot(trust_dir: str | os.PathLike, release_dir: str | os.PathLike, state_dir
         a :class:`BootedDevice` (close it when done).
 
     Raises:
-        BootError: ``reason`` is ``"trust"``, ``"state"``, ``"tee"``, ``"verification"``
+        BootError: ``reason`` is ``"trust"``, ``"state"``, ``"tee-state"`` (TEE state missing on a
+            device with history, or bound to another AK: re-provision on purpose), ``"tee"``,
+            ``"verification"`` (also for a version below the TEE-held floor, check ``rollback``)
             (with ``.file``/``.check`` of the failed check), ``"model"``, ``"runtime"``,
             ``"health-check"`` or ``"canary"``; ``state.json`` still names a complete,
             verifiable slot.
@@ -323,7 +346,7 @@ def boot(trust_dir: str | os.PathLike, release_dir: str | os.PathLike, state_dir
                  config=config, variant=variant)
 
 
-def boot_last_good(trust_dir: str | os.PathLike, state_dir: str | os.PathLike, *, backend: str = "sim",
+def boot_last_good(trust_dir: str | os.PathLike, state_dir: str | os.PathLike, *, backend: str | None = None,
                    runtime_options: Mapping[str, Any] | None = None,
                    config: VerifyConfig = DEFAULT_CONFIG, variant: str | None = None) -> BootedDevice:
     """Re-verify and boot the release recorded as last good in ``state_dir/state.json``

@@ -17,7 +17,8 @@ software at locality 0 (TCG PC Client Platform Firmware Profile, PCR usage table
   Any edit to a measured module changes PCR 16, so an existing enclave can no longer
   unseal its release key or secrets (by design): re-provision and re-export trust.
 * device: :data:`DEVICE_RUNTIME_PCR` = 16 <- :func:`measure_device_runtime` (the code that
-  verifies and runs releases), then :data:`DEVICE_RELEASE_PCR` = 23 <- the verified
+  verifies and runs releases) and the device configuration
+  (:func:`sealfl.enclave.measured.measure_config`), then :data:`DEVICE_RELEASE_PCR` = 23 <- the verified
   release root digest (32 bytes). A device quote over (16, 23) thus says "this verifier
   code accepted this release".
 """
@@ -50,7 +51,7 @@ ATTESTATION_MODULES: tuple[str, ...] = ("sealfl.common.errors", "sealfl.common.f
     f"sealfl.attestation.{m}"
     for m in ("__init__", "bundle", "canary", "canonical", "config", "device_state", "dsse", "errors",
               "keys", "llm_canary", "manifest", "onnx_check", "quote", "reader", "release", "schema", "statement",
-              "trust", "verify")
+              "trust", "verify", "eventlog", "tee_floor", "tpm_attest")
 )
 #: The release enclave = attestation code + TEE + release enclave + the CKKS key holder
 #: (``keyholder`` reads the sealed CKKS secret, so it is part of what the seal protects).
@@ -61,7 +62,7 @@ RELEASE_ENCLAVE_MODULES: tuple[str, ...] = ATTESTATION_MODULES + tuple(
 DEVICE_RUNTIME_MODULES: tuple[str, ...] = ATTESTATION_MODULES + tuple(
     f"sealfl.enclave.{m}"
     for m in ("__init__", "acceptance", "device", "errors", "inputs", "llm_boot", "llm_child", "llm_runtime",
-              "measure", "sim", "slots", "tee")
+              "measure", "measured", "provision", "sim", "slots", "tee", "tpm")
 ) + ("sealfl.common.sandbox", "sealfl.common.sandbox_child", "sealfl.common.llm_decode")
 
 

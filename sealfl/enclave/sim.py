@@ -220,7 +220,8 @@ class SimTEE(TEE):
         try:
             return FloorRecord.from_bytes(self.unseal(blob))
         except (UnsealError, AttestationError) as exc:
-            raise TEEStateError(f"{path}: {exc}") from exc
+            raise TEEStateError(f"{path}: {exc}; the TEE state is damaged or from another device: "
+                                "re-provision the device on purpose (sealfl device provision --force)") from exc
 
     def write_floor(self, record: FloorRecord) -> None:
         """See :meth:`TEE.write_floor`."""
