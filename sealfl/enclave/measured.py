@@ -13,6 +13,7 @@ the order ``release_key.pub.pem``, ``enclave_ak.pub.pem``, ``policy.json``:
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -28,9 +29,10 @@ from sealfl.common.fsutil import atomic_write
 
 from . import measure as _measure
 from .errors import TEEStateError
-from .tee import TEE
+from .tee import TEE, load_tee
 
-__all__ = ["EVENTLOG_FILE", "QUOTED_PCRS", "measure_config", "read_events", "begin", "record", "evidence"]
+__all__ = ["EVENTLOG_FILE", "QUOTED_PCRS", "measure_config", "read_events", "begin", "record", "evidence",
+           "attest_device"]
 
 log = logging.getLogger(__name__)
 
@@ -103,3 +105,29 @@ def evidence(tee: TEE, state_root: Path, nonce: bytes) -> dict:
     record(tee, state_root, "runtime-recheck", _measure.measure_device_runtime(), "sealfl runtime at attestation")
     return {"schema": EVIDENCE_SCHEMA, "quote": tee.quote(CHALLENGE_PURPOSE, nonce, list(QUOTED_PCRS)),
             "eventlog": json.loads(canonical_json(eventlog_doc(read_events(state_root))))}
+
+
+def attest_device(state_dir: str | os.PathLike, nonce: bytes) -> dict:
+    """``sealfl device attest``: the evidence of the device in ``state_dir`` for ``nonce``.
+
+    Opens the provisioned TEE without a PCR reset (same boot), under the device lock, and
+    returns :func:`evidence`.
+
+    Raises:
+        TEEStateError: no provisioned TEE, no event log, or the TEE floor of another AK.
+        TEEError: the quote failed or ``nonce`` is not 1..64 bytes.
+    """
+    from .provision import TEE_DIR, recorded_backend  # provision imports this module's users
+
+    root = Path(state_dir).resolve()
+    backend = recorded_backend(root / TEE_DIR)
+    if backend is None:
+        raise TEEStateError(f"{root / TEE_DIR} holds no TEE: provision and boot the device first")
+    with open(root / ".lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        tee = load_tee(backend, root / TEE_DIR, reset_pcrs=False)
+        try:
+            tee.read_floor().check_owner(tee.ak_keyid())
+        except AttestationError as exc:
+            raise TEEStateError(str(exc)) from exc
+        return evidence(tee, root, nonce)

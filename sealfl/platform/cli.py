@@ -249,6 +249,7 @@ def verify(
 
 
 EXIT_REFUSED_KEPT_LAST_GOOD = 3
+EXIT_TEE_STATE = 4  # TEE state missing or of another AK: `sealfl device provision --force` on purpose
 
 
 def read_feature_rows(path: Path, n_features: int):
@@ -301,7 +302,8 @@ def device_boot(
         "restecg=normal, restecg=st-t abnormality; an optional header row). Prints one probability per row."),
 ) -> None:
     """Measure, verify and boot a release into the sandboxed runtime. If it is refused, boot
-    the last good release instead and exit 3 (0 = the new release runs; 1/2 = nothing runs).
+    the last good release instead and exit 3 (0 = the new release runs; 1/2 = nothing runs;
+    4 = the TEE state is missing or of another key: re-provision on purpose).
     Optionally score a CSV of feature rows."""
     from sealfl.enclave.device import boot, boot_last_good
     from sealfl.enclave.errors import BootError
@@ -314,6 +316,8 @@ def device_boot(
     try:
         dev = boot(trust, release_dir, state)
     except BootError as exc:
+        if exc.reason == "tee-state":
+            fail(str(exc), EXIT_TEE_STATE)
         err.print(f"[bold red]refused:[/] {exc}")
         try:
             dev = boot_last_good(trust, state)
@@ -361,6 +365,10 @@ def demo(
 from .cli_llm import register as _register_llm  # noqa: E402  (device generate, llm-demo)
 
 _register_llm(app, device_app, console, err, fail, stopped, EXIT_REFUSED_KEPT_LAST_GOOD)
+
+from .cli_trust import register as _register_trust  # noqa: E402  (device provision/attest, attest *)
+
+_register_trust(app, device_app, console, err, fail)
 
 
 def main() -> None:
