@@ -71,6 +71,7 @@ __all__ = [
     "INSECURE_BACKENDS",
     "RELEASE_PURPOSE",
     "CHALLENGE_PURPOSE",
+    "KEY_REQUEST_PURPOSE",
     "PURPOSE_LABELS",
     "MAX_DATA",
     "extend",
@@ -93,9 +94,11 @@ INSECURE_BACKENDS = frozenset({"sim"})
 RELEASE_PURPOSE = "release"
 CHALLENGE_PURPOSE = "challenge"
 #: Domain-separation label of each purpose (hashed into the qualifying data).
+KEY_REQUEST_PURPOSE = "key-request"
 PURPOSE_LABELS: dict[str, bytes] = {
     RELEASE_PURPOSE: b"sealfl.release-attestation/v1",
     CHALLENGE_PURPOSE: b"sealfl.challenge/v1",
+    KEY_REQUEST_PURPOSE: b"sealfl.key-request/v1",
 }
 #: Longest caller data (nonce) a quote accepts, in bytes.
 MAX_DATA = 64

@@ -32,7 +32,7 @@ from .errors import TEEStateError
 from .tee import TEE, load_tee
 
 __all__ = ["EVENTLOG_FILE", "QUOTED_PCRS", "measure_config", "read_events", "begin", "record", "evidence",
-           "attest_device"]
+           "attest_device", "device_public_key"]
 
 log = logging.getLogger(__name__)
 
@@ -94,20 +94,21 @@ def record(tee: TEE, state_root: Path, kind: str, digest: bytes, detail: str = "
     tee.extend(EVENT_PCR[kind], digest)
 
 
-def evidence(tee: TEE, state_root: Path, nonce: bytes) -> dict:
+def evidence(tee: TEE, state_root: Path, nonce: bytes, purpose: str = CHALLENGE_PURPOSE) -> dict:
     """Re-measure the runtime (a ``runtime-recheck`` event), then quote the verifier's
-    ``nonce`` over :data:`QUOTED_PCRS`; return the evidence document
+    ``nonce`` (the quote's data; for ``purpose="key-request"`` the broker's nonce and key
+    binding) over :data:`QUOTED_PCRS`; return the evidence document
     (:mod:`sealfl.attestation.eventlog`). ``tee`` must be opened without a PCR reset.
 
     Raises:
         TEEStateError: no event log. TEEError: quote failed or ``nonce`` not 1..64 bytes.
     """
     record(tee, state_root, "runtime-recheck", _measure.measure_device_runtime(), "sealfl runtime at attestation")
-    return {"schema": EVIDENCE_SCHEMA, "quote": tee.quote(CHALLENGE_PURPOSE, nonce, list(QUOTED_PCRS)),
+    return {"schema": EVIDENCE_SCHEMA, "quote": tee.quote(purpose, nonce, list(QUOTED_PCRS)),
             "eventlog": json.loads(canonical_json(eventlog_doc(read_events(state_root))))}
 
 
-def attest_device(state_dir: str | os.PathLike, nonce: bytes) -> dict:
+def attest_device(state_dir: str | os.PathLike, nonce: bytes, purpose: str = CHALLENGE_PURPOSE) -> dict:
     """``sealfl device attest``: the evidence of the device in ``state_dir`` for ``nonce``.
 
     Opens the provisioned TEE without a PCR reset (same boot), under the device lock, and
@@ -130,4 +131,19 @@ def attest_device(state_dir: str | os.PathLike, nonce: bytes) -> dict:
             tee.read_floor().check_owner(tee.ak_keyid())
         except AttestationError as exc:
             raise TEEStateError(str(exc)) from exc
-        return evidence(tee, root, nonce)
+        return evidence(tee, root, nonce, purpose)
+
+
+def device_public_key(state_dir: str | os.PathLike) -> bytes:
+    """The provisioned device's AK public key (SubjectPublicKeyInfo PEM).
+
+    Raises:
+        TEEStateError: no provisioned TEE.
+    """
+    from .provision import TEE_DIR, recorded_backend
+
+    root = Path(state_dir).resolve()
+    backend = recorded_backend(root / TEE_DIR)
+    if backend is None:
+        raise TEEStateError(f"{root / TEE_DIR} holds no TEE: provision the device first")
+    return load_tee(backend, root / TEE_DIR, reset_pcrs=False).public_key()

@@ -51,6 +51,29 @@ def register(app: typer.Typer, device_app: typer.Typer, console, err, fail) -> N
     """Add the commands to ``app`` / ``device_app``."""
     attest_app = typer.Typer(help="Verifier: check a device's attestation evidence.", no_args_is_help=True)
     app.add_typer(attest_app, name="attest")
+    kbs_app = typer.Typer(help="Key broker: release model keys to attested devices.", no_args_is_help=True)
+    app.add_typer(kbs_app, name="kbs")
+
+    @kbs_app.command("serve")
+    def kbs_serve(
+        policy: Path = typer.Option(..., "--policy", "-p", help="Attestation policy JSON (sealfl attest policy)."),
+        ak: list[Path] = typer.Option(..., "--ak", help="A registered device's AK public key PEM (repeat)."),
+        keys: Path = typer.Option(..., "--keys", help="Keys file {root digest hex: base64 key}, mode 0600."),
+        port: int = typer.Option(8443, "--port", min=1, max=65535, help="Port on 127.0.0.1."),
+        nonce_ttl: float = typer.Option(60.0, "--nonce-ttl", min=1.0, max=3600.0, help="Challenge lifetime, s."),
+    ) -> None:
+        """Serve POST /challenge and POST /key on 127.0.0.1 (protocol: sealfl.kbs.broker)."""
+        import uvicorn
+
+        from sealfl.common.errors import SealflError
+        from sealfl.kbs.server import create_app, load_broker
+
+        try:
+            broker = load_broker(policy, ak, keys, nonce_ttl_s=nonce_ttl)
+        except SealflError as exc:
+            fail(str(exc))
+        err.print(f"key broker on http://127.0.0.1:{port} ({len(ak)} AK file(s))")
+        uvicorn.run(create_app(broker), host="127.0.0.1", port=port, log_level="warning")
 
     @device_app.command("provision")
     def device_provision(

@@ -1,0 +1,66 @@
+"""Release files encrypted at rest: AES-256-GCM (NIST SP 800-38D) with pycryptodome.
+
+File format::
+
+    MAGIC (b"SEALFL-ATREST/1\\n") || nonce (12 bytes) || tag (16 bytes) || ciphertext
+
+The GCM associated data is ``MAGIC || utf8(name)``, so a ciphertext cannot be moved to
+another file name of the release. The release's signed manifest covers the *encrypted*
+bytes: a device verifies the release before it has the key, and decrypts only after the
+broker released the key to its attested state.
+"""
+
+from __future__ import annotations
+
+from Crypto.Cipher import AES
+from Crypto.Random import get_random_bytes
+
+from .errors import AtRestError
+
+__all__ = ["MAGIC", "KEY_SIZE", "new_key", "encrypt", "decrypt"]
+
+MAGIC = b"SEALFL-ATREST/1\n"
+KEY_SIZE = 32
+
+
+def new_key() -> bytes:
+    """A fresh random 32-byte AES-256 key."""
+    return get_random_bytes(KEY_SIZE)
+
+
+def _check_key(key: bytes) -> bytes:
+    if not isinstance(key, (bytes, bytearray)) or len(key) != KEY_SIZE:
+        raise AtRestError(f"an at-rest key must be {KEY_SIZE} bytes (AES-256)")
+    return bytes(key)
+
+
+def encrypt(key: bytes, name: str, plaintext: bytes) -> bytes:
+    """Encrypt ``plaintext`` of release file ``name`` (format in the module docstring).
+
+    Raises:
+        AtRestError: the key is not 32 bytes.
+    """
+    cipher = AES.new(_check_key(key), AES.MODE_GCM, nonce=get_random_bytes(12))
+    cipher.update(MAGIC + name.encode("utf-8"))
+    ciphertext, tag = cipher.encrypt_and_digest(bytes(plaintext))
+    return MAGIC + cipher.nonce + tag + ciphertext
+
+
+def decrypt(key: bytes, name: str, blob: bytes) -> bytes:
+    """Decrypt an at-rest file of release file ``name``.
+
+    Raises:
+        AtRestError: not an at-rest file, or authentication failed (wrong key, other file
+            name, or modified bytes).
+    """
+    blob = bytes(blob)
+    if not blob.startswith(MAGIC) or len(blob) < len(MAGIC) + 28:
+        raise AtRestError(f"release file {name!r} is not an AES-256-GCM at-rest file (bad magic or truncated)")
+    nonce, tag = blob[len(MAGIC):len(MAGIC) + 12], blob[len(MAGIC) + 12:len(MAGIC) + 28]
+    cipher = AES.new(_check_key(key), AES.MODE_GCM, nonce=nonce)
+    cipher.update(MAGIC + name.encode("utf-8"))
+    try:
+        return cipher.decrypt_and_verify(blob[len(MAGIC) + 28:], tag)
+    except ValueError as exc:
+        raise AtRestError(f"release file {name!r} does not decrypt with the released key (wrong key, "
+                          "renamed or modified file)") from exc
