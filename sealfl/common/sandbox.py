@@ -9,6 +9,10 @@ parsed without pickle, so a compromised child cannot attack the parent through t
 Every wait on the child is bounded by a timeout; on timeout or crash the child is killed by
 its pid and :class:`RuntimeSandboxError` is raised.
 
+``HOME`` is that directory too: onnxruntime otherwise opens a cache database under the
+user's real home (``~/.cache/Microsoft/DeveloperTools/.onnxruntime/onnxruntime.db``, seen
+with onnxruntime 1.2x), a file outside the sandbox the child could write.
+
 Why the empty working directory: onnxruntime resolves a tensor's external-data path for a
 model loaded from bytes relative to the working directory. Verification already refuses
 models with external data (:mod:`sealfl.attestation.onnx_check`); as a second line of
@@ -33,13 +37,15 @@ import numpy as np
 from . import sandbox_child as _child
 from .errors import RuntimeSandboxError
 
-__all__ = ["SandboxedRuntime", "DEFAULT_MEMORY_LIMIT_BYTES"]
+__all__ = ["SandboxedRuntime", "DEFAULT_MEMORY_LIMIT_BYTES", "TABULAR_MEMORY_LIMIT_BYTES"]
 
 log = logging.getLogger(__name__)
 
-#: Default child address-space cap: 4 GiB (python + onnxruntime need ~250 MiB virtual,
-#: the rest is for the model and activations).
+#: Address-space cap for large models (the causal-LM runtime): 4 GiB.
 DEFAULT_MEMORY_LIMIT_BYTES = 4 * 1024**3
+#: Default cap of the tabular runtime: 1.2 GB (python + onnxruntime need ~250 MiB virtual,
+#: the rest is for the model and activations).
+TABULAR_MEMORY_LIMIT_BYTES = 1_200_000_000
 _CHUNK = 1 << 20
 
 
@@ -58,31 +64,32 @@ class SandboxedRuntime:
 
     Args:
         model_bytes: the verified ONNX model bytes (``bytes``, non-empty).
-        memory_limit_bytes: child ``RLIMIT_AS`` in bytes (default 4 GiB; 0 = no limit).
+        memory_limit_bytes: child ``RLIMIT_AS`` in bytes (default 1.2 GB; 0 = no limit).
         timeout_s: max seconds to wait for one ``run``/``health_check`` reply.
         start_timeout_s: max seconds for the child to start and load the model.
         intra_op_threads: onnxruntime intra-op thread count in the child.
-        network: ``"best-effort"`` (default: try an empty network namespace, continue
-            without), ``"isolate"`` (fail if impossible) or ``"inherit"``.
+        network: ``"best-effort"`` (default: an empty network namespace, else a seccomp
+            filter denying ``socket()``, else continue without), ``"isolate"`` (fail if
+            neither works), ``"seccomp"`` (the filter only) or ``"inherit"``.
 
     Attributes:
         pid: the child's process id.
         workdir: the child's working directory (empty, mode 0700; removed by :meth:`close`).
         network: how the child's network was isolated (``"netns"``, ``"userns+netns"``,
-            ``"unavailable: ..."`` or ``"inherited"``).
+            ``"seccomp"``, ``"unavailable: ..."`` or ``"inherited"``).
 
     Raises:
         RuntimeSandboxError: the child could not start, reported an error (e.g. a corrupt
             model; its message is included), crashed or timed out.
     """
 
-    def __init__(self, model_bytes: bytes, *, memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES,
+    def __init__(self, model_bytes: bytes, *, memory_limit_bytes: int = TABULAR_MEMORY_LIMIT_BYTES,
                  timeout_s: float = 30.0, start_timeout_s: float = 120.0, intra_op_threads: int = 1,
                  network: str = "best-effort") -> None:
         if not isinstance(model_bytes, bytes) or not model_bytes:
             raise RuntimeSandboxError("model_bytes must be non-empty bytes (the verified model)")
-        if network not in ("isolate", "best-effort", "inherit"):
-            raise RuntimeSandboxError(f"network must be isolate/best-effort/inherit, got {network!r}")
+        if network not in ("isolate", "best-effort", "seccomp", "inherit"):
+            raise RuntimeSandboxError(f"network must be isolate/best-effort/seccomp/inherit, got {network!r}")
         self.timeout_s = float(timeout_s)
         self._lock = threading.Lock()
         self._closed = False
@@ -92,7 +99,7 @@ class SandboxedRuntime:
         cmd = self._command(memory_limit_bytes, intra_op_threads, network)
         try:
             self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                          stderr=self._stderr, env=_minimal_env(), cwd=self.workdir,
+                                          stderr=self._stderr, env={**_minimal_env(), "HOME": self.workdir}, cwd=self.workdir,
                                           close_fds=True, start_new_session=True)
         except OSError as exc:
             self._stderr.close()
@@ -111,8 +118,9 @@ class SandboxedRuntime:
         self.network = str(reply.get("network"))
         self.inputs: list[dict] = reply.get("inputs", [])
         self.outputs: list[dict] = reply.get("outputs", [])
-        log.info("sandboxed runtime pid %d up (network %s, inputs %s)", self.pid, self.network,
-                 self.input_names)
+        log.log(logging.WARNING if self.network.startswith("unavailable") else logging.INFO,
+                "sandboxed runtime pid %d up (network isolation: %s, memory limit %d bytes, inputs %s)",
+                self.pid, self.network, memory_limit_bytes, self.input_names)
 
     def _command(self, memory_limit_bytes: int, intra_op_threads: int, network: str) -> list[str]:
         """The child's command line (subclasses run another child script)."""

@@ -7,7 +7,9 @@ package nor anything but the standard library, numpy and onnxruntime. (It also w
 
 * sets ``RLIMIT_AS`` (address-space cap, bytes) and ``RLIMIT_CORE = 0``;
 * tries to enter a fresh, empty network namespace (``unshare(CLONE_NEWNET)``, falling back
-  to ``CLONE_NEWUSER | CLONE_NEWNET``), so the model code has no network;
+  to ``CLONE_NEWUSER | CLONE_NEWNET``), so the model code has no network; where the kernel
+  allows neither, it installs a seccomp filter that makes ``socket()`` fail with ``EACCES``
+  (:func:`_deny_sockets`; ``--network seccomp`` uses only the filter). The parent logs which;
 * moves the protocol onto a private dup of stdout and points fd 1 at stderr, so stray
   prints from native code cannot corrupt the protocol.
 
@@ -15,7 +17,9 @@ Protocol (both directions): a message is ``u64be(len(h)) || h || (u64be(len(b)) 
 where ``h`` is a UTF-8 JSON header ``{..., "nblobs": k}`` followed by ``k`` blobs. Arrays
 travel as ``.npy`` bytes (``np.save``/``np.load`` with ``allow_pickle=False``; never pickle).
 The first request is ``{"op": "init"}`` with one blob, the model bytes; then ``"run"``
-(blobs = input arrays, header ``"inputs"`` = their names), ``"ping"`` and ``"shutdown"``.
+(blobs = input arrays, header ``"inputs"`` = their names), ``"ping"``, ``"probe"`` (a
+self-check: the child tries a TCP connect to header ``"host"``/``"port"`` and replies
+``"connected"`` and ``"error"``) and ``"shutdown"``.
 Replies carry ``"ok": true`` or ``"ok": false, "error": "<Type>: <message>"``.
 """
 
@@ -113,6 +117,55 @@ def _isolate_network() -> str:
     return f"unavailable: {os.strerror(ctypes.get_errno())}"
 
 
+#: seccomp (Linux ``seccomp(2)``, ``linux/filter.h``): audit arch and socket() number per machine.
+_SECCOMP_ARCH = {"x86_64": (0xC000003E, 41), "aarch64": (0xC00000B7, 198)}
+
+
+def _deny_sockets() -> str:
+    """Install a seccomp-BPF filter: ``socket()`` (and any syscall of a foreign ABI, e.g.
+    i386 ``socketcall`` or x32) fails with ``EACCES``; everything else is allowed.
+    Returns ``"seccomp"`` or ``"unavailable: <why>"``."""
+    import ctypes
+    import platform
+
+    arch = _SECCOMP_ARCH.get(platform.machine())
+    if arch is None:
+        return f"unavailable: no seccomp filter for {platform.machine()}"
+    audit_arch, nr_socket = arch
+
+    class Insn(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Insn))]
+
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    deny, allow = 0x00050000 | 13, 0x7FFF0000  # SECCOMP_RET_ERRNO | EACCES, SECCOMP_RET_ALLOW
+    program = [Insn(ld, 0, 0, 4), Insn(jeq, 0, 4, audit_arch), Insn(ld, 0, 0, 0), Insn(jeq, 2, 0, nr_socket),
+               Insn(jge, 1, 0, 0x40000000), Insn(ret, 0, 0, allow), Insn(ret, 0, 0, deny)]
+    insns = (Insn * len(program))(*program)
+    prog = Prog(len(program), insns)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError as exc:
+        return f"unavailable: {exc}"
+    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+        return f"unavailable: PR_SET_NO_NEW_PRIVS: {os.strerror(ctypes.get_errno())}"
+    if libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+        return f"unavailable: seccomp: {os.strerror(ctypes.get_errno())}"
+    return "seccomp"
+
+
+def _probe(host: str, port: int) -> dict:
+    import socket
+
+    try:
+        with socket.create_connection((str(host), int(port)), timeout=2.0):
+            return {"ok": True, "connected": True, "error": ""}
+    except OSError as exc:
+        return {"ok": True, "connected": False, "error": f"{type(exc).__name__}: {exc}"}
+
+
 def _reader(stream) -> Callable[[int], bytes]:
     def read_exact(n: int) -> bytes:
         parts, got = [], 0
@@ -141,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="sealfl sandboxed onnxruntime child")
     parser.add_argument("--memory-limit", type=int, default=0, help="RLIMIT_AS in bytes (0 = none)")
     parser.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads")
-    parser.add_argument("--network", choices=("isolate", "best-effort", "inherit"), default="best-effort")
+    parser.add_argument("--network", choices=("isolate", "best-effort", "seccomp", "inherit"), default="best-effort")
     args = parser.parse_args(argv)
 
     stdin = sys.stdin.buffer
@@ -154,8 +207,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     network = "inherited"
     if args.network != "inherit":
-        network = _isolate_network()
-        if network.startswith("unavailable") and args.network == "isolate":
+        network = _isolate_network() if args.network != "seccomp" else "unavailable: not tried"
+        if network.startswith("unavailable"):
+            denied = _deny_sockets()
+            network = denied if denied == "seccomp" else f"{network}; {denied}"
+        if network.startswith("unavailable") and args.network in ("isolate", "seccomp"):
             send({"ok": False, "error": f"SandboxError: network isolation required but {network}"})
             return 2
     _set_limits(args.memory_limit)
@@ -202,6 +258,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 del blobs
                 outputs = session.run(output_names, feed)
                 send({"ok": True}, [array_to_bytes(o) for o in outputs])
+            elif op == "probe":
+                send(_probe(header.get("host", ""), header.get("port", 0)))
             elif op == "shutdown":
                 send({"ok": True})
                 return 0
