@@ -20,6 +20,10 @@ train          a partner's train handler (a Ray worker process), before training
 aggregate      the aggregator's ``aggregate_train``, before ciphertexts are added
 checkpoint     writing the round's checkpoint: temp file written, not yet renamed
 gate-query     a partner's handler of the release gate's query round (Ray worker)
+slot-written   device update: new slot's files written and fsynced, not yet renamed
+slot-renamed   device update: slot renamed into place, ``state.json`` not yet replaced
+state-written  device update: ``state.json`` replaced, old slots not yet removed
+slots-pruned   device update: old slots removed, the TEE floor not yet raised
 ============== ==================================================================
 
 The idea is the failpoint of etcd's ``gofail`` / TiKV's ``fail-rs``, reduced to "pause".
@@ -38,7 +42,8 @@ log = logging.getLogger(__name__)
 
 ENV_STAGE = "SEALFL_PAUSE_AT"
 ENV_DIR = "SEALFL_PAUSE_DIR"
-STAGES = ("before-ray", "train", "aggregate", "checkpoint", "gate-query")
+STAGES = ("before-ray", "train", "aggregate", "checkpoint", "gate-query", "slot-written", "slot-renamed",
+          "state-written", "slots-pruned")
 
 __all__ = ["ENV_STAGE", "ENV_DIR", "STAGES", "parse_spec", "check_environment", "testpoint", "event_path"]
 

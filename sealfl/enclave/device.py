@@ -283,11 +283,14 @@ def _boot_locked(trust_dir, release_dir, state_root: Path, *, backend: str | Non
         except (OSError, DeviceStateError) as exc:
             runtime.close()
             raise BootError(f"cannot record {STATE_FILE}: {exc}", reason="state") from exc
-        try:  # after state.json: a crash in between leaves the TEE floor lower, never above the slot
-            tee.write_floor(floor.raised(release.version, release.statement_digest))
-        except EnclaveError as exc:
-            runtime.close()
-            raise BootError(f"cannot raise the TEE rollback floor: {exc}", reason="tee") from exc
+    try:  # after state.json: a crash in between leaves the TEE floor lower, never above the slot;
+        # booting the last good release raises it too, so such a gap closes on the next boot
+        raised = floor.raised(release.version, release.statement_digest)
+        if raised != floor:
+            tee.write_floor(raised)
+    except EnclaveError as exc:
+        runtime.close()
+        raise BootError(f"cannot raise the TEE rollback floor: {exc}", reason="tee") from exc
     log.info("device booted %s v%d (%s) from %s", release.name, release.version, release.root_digest,
              release_path)
     return BootedDevice(release, model_file, runtime, tee, release_path, llm, stats)

@@ -63,7 +63,7 @@ DEVICE_RUNTIME_MODULES: tuple[str, ...] = ATTESTATION_MODULES + tuple(
     f"sealfl.enclave.{m}"
     for m in ("__init__", "acceptance", "device", "errors", "inputs", "llm_boot", "llm_child", "llm_runtime",
               "measure", "measured", "provision", "sim", "slots", "tee", "tpm")
-) + ("sealfl.common.sandbox", "sealfl.common.sandbox_child", "sealfl.common.llm_decode")
+) + ("sealfl.common.sandbox", "sealfl.common.sandbox_child", "sealfl.common.llm_decode", "sealfl.common.testpoints")
 
 
 def _source_path(module: str) -> str:

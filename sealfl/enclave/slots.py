@@ -36,6 +36,7 @@ from pathlib import Path
 from sealfl.attestation.device_state import SLOTS_DIR, STATE_FILE, DeviceState, check_slot_path
 from sealfl.attestation.errors import DeviceStateError
 from sealfl.common.fsutil import atomic_write, ensure_private_dir
+from sealfl.common.testpoints import testpoint
 
 __all__ = ["read_state", "store_slot", "write_state", "prune_slots", "commit", "slot_path"]
 
@@ -107,12 +108,14 @@ def store_slot(state_root: Path, files: Mapping[str, bytes], label: str) -> str:
             os.fsync(dfd)
         finally:
             os.close(dfd)
+        testpoint("slot-written")
         name = f"{label}-{token}"
         os.rename(tmp, slots / name)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     _fsync_dir(slots)
+    testpoint("slot-renamed")
     return f"{SLOTS_DIR}/{name}"
 
 
@@ -171,5 +174,7 @@ def commit(state_root: Path, files: Mapping[str, bytes], label: str,
     slot = store_slot(state_root, files, label)
     new_state = transition(slot)
     write_state(state_root, new_state)
+    testpoint("state-written")
     prune_slots(state_root, keep=slot)
+    testpoint("slots-pruned")
     return new_state
