@@ -57,6 +57,7 @@ from .errors import BootError, EnclaveError, InputSpecError, RuntimeSandboxError
 from .inputs import check_rows
 from .llm_boot import boot_llm, is_llm_release
 from sealfl.common.sandbox import SandboxedRuntime
+from .doctor import check_release_requirements
 from .provision import open_device_tee
 from .tee import TEE
 
@@ -270,6 +271,7 @@ def _boot_locked(trust_dir, release_dir, state_root: Path, *, backend: str | Non
                          f"{release.name} v{release.version}")
     except (EnclaveError, OSError) as exc:
         raise BootError(f"cannot measure the release root digest: {exc}", reason="tee") from exc
+    check_release_requirements(release.metadata, state_root)
     llm, stats = None, None
     if is_llm_release(release.metadata):
         runtime, llm, stats = boot_llm(release.payload, release.metadata, variant, runtime_options)
@@ -340,7 +342,9 @@ def boot(trust_dir: str | os.PathLike, release_dir: str | os.PathLike, state_dir
     Raises:
         BootError: ``reason`` is ``"trust"``, ``"state"``, ``"tee-state"`` (TEE state missing on a
             device with history, or bound to another AK: re-provision on purpose), ``"tee"``,
-            ``"verification"`` (also for a version below the TEE-held floor, check ``rollback``)
+            ``"verification"`` (also for a version below the TEE-held floor, check ``rollback``),
+            ``"requirements"`` (the release's signed hardware requirements are not met:
+            :mod:`sealfl.enclave.doctor`)
             (with ``.file``/``.check`` of the failed check), ``"model"``, ``"runtime"``,
             ``"health-check"`` or ``"canary"``; ``state.json`` still names a complete,
             verifiable slot.

@@ -51,7 +51,7 @@ ATTESTATION_MODULES: tuple[str, ...] = ("sealfl.common.errors", "sealfl.common.f
     f"sealfl.attestation.{m}"
     for m in ("__init__", "bundle", "canary", "canonical", "config", "device_state", "dsse", "errors",
               "keys", "llm_canary", "manifest", "onnx_check", "quote", "reader", "release", "schema", "statement",
-              "trust", "verify", "eventlog", "tee_floor", "tpm_attest")
+              "trust", "verify", "eventlog", "requirements", "tee_floor", "tpm_attest")
 )
 #: The release enclave = attestation code + TEE + release enclave + the CKKS key holder
 #: (``keyholder`` reads the sealed CKKS secret, so it is part of what the seal protects).
@@ -62,7 +62,7 @@ RELEASE_ENCLAVE_MODULES: tuple[str, ...] = ATTESTATION_MODULES + tuple(
 DEVICE_RUNTIME_MODULES: tuple[str, ...] = ATTESTATION_MODULES + tuple(
     f"sealfl.enclave.{m}"
     for m in ("__init__", "acceptance", "device", "errors", "inputs", "llm_boot", "llm_child", "llm_runtime",
-              "measure", "measured", "provision", "sim", "slots", "tee", "tpm")
+              "doctor", "measure", "measured", "provision", "sim", "slots", "tee", "tpm")
 ) + ("sealfl.common.sandbox", "sealfl.common.sandbox_child", "sealfl.common.llm_decode", "sealfl.common.testpoints")
 
 

@@ -98,6 +98,22 @@ def register(app: typer.Typer, device_app: typer.Typer, console, err, fail) -> N
         console.print(f"provisioned a {tee} TEE in {state / 'tee'}; AK keyid {t.ak_keyid()}"
                       + (f"; AK public key -> {export_ak}" if export_ak else f"; AK public key {state / 'tee' / 'ak.pem'}"))
 
+    @device_app.command("doctor")
+    def device_doctor(
+        state: Optional[Path] = typer.Option(None, "--state", "-s", help="Device state directory (for free disk)."),
+        require_tpm: bool = typer.Option(False, "--require-tpm", help="Exit 1 unless a TPM with a SHA-256 bank "
+                                         "answers."),
+    ) -> None:
+        """Print the hardware baseline releases depend on: CPU integer-kernel features, memory,
+        free disk, TPM presence and PCR banks, onnxruntime execution providers."""
+        from sealfl.enclave.doctor import format_profile, profile
+
+        p = profile(state)
+        for line in format_profile(p):
+            console.print(line)
+        if require_tpm and not p.get("tpm_sha256_bank"):
+            fail("no TPM with a SHA-256 PCR bank answered; set SEALFL_TPM_TCTI or install a TPM")
+
     @device_app.command("attest")
     def device_attest(
         state: Path = typer.Option(..., "--state", "-s", help="Device state directory (booted)."),
