@@ -217,6 +217,12 @@ def _model_files(signed: SignedRelease) -> list[str]:
     names = {e.path for e in signed.files if e.path.lower().endswith(".onnx")}
     if isinstance(signed.metadata.get("model_file"), str):
         names.add(signed.metadata["model_file"])
+    # files the signed metadata declares encrypted at rest are checked after decryption,
+    # on the device, by sealfl.enclave.at_rest.open_payload
+    at_rest = signed.metadata.get("at_rest")
+    encrypted = at_rest.get("files") if isinstance(at_rest, dict) else None
+    if isinstance(encrypted, list):
+        names -= {f for f in encrypted if isinstance(f, str)}
     return sorted(names)
 
 

@@ -57,6 +57,7 @@ from .errors import BootError, EnclaveError, InputSpecError, RuntimeSandboxError
 from .inputs import check_rows
 from .llm_boot import boot_llm, is_llm_release
 from sealfl.common.sandbox import SandboxedRuntime
+from .at_rest import KeySource, open_payload
 from .doctor import check_release_requirements
 from .provision import open_device_tee
 from .tee import TEE
@@ -225,7 +226,7 @@ def _same_release(release: VerifiedRelease, last: LastGood) -> bool:
 
 def _boot_locked(trust_dir, release_dir, state_root: Path, *, backend: str | None,
                  runtime_options: Mapping[str, Any] | None, config: VerifyConfig,
-                 variant: str | None = None) -> BootedDevice:
+                 variant: str | None = None, key_source: KeySource | None = None) -> BootedDevice:
     """Boot ``release_dir`` and record it; ``release_dir=None`` boots the recorded last good
     release from its slot without recording anything."""
     try:
@@ -272,13 +273,14 @@ def _boot_locked(trust_dir, release_dir, state_root: Path, *, backend: str | Non
     except (EnclaveError, OSError) as exc:
         raise BootError(f"cannot measure the release root digest: {exc}", reason="tee") from exc
     check_release_requirements(release.metadata, state_root)
+    payload = open_payload(release, tee, state_root, key_source)
     llm, stats = None, None
     if is_llm_release(release.metadata):
-        runtime, llm, stats = boot_llm(release.payload, release.metadata, variant, runtime_options)
+        runtime, llm, stats = boot_llm(payload, release.metadata, variant, runtime_options)
         model_file = llm.model_file
     else:
         model_file = select_model_file(release)
-        runtime = _start_tabular(release, model_file, runtime_options)
+        runtime = _start_tabular(release, model_file, runtime_options, payload)
     if record:
         try:
             _record(state_root, state, release, release_path, model_file)
@@ -298,10 +300,11 @@ def _boot_locked(trust_dir, release_dir, state_root: Path, *, backend: str | Non
     return BootedDevice(release, model_file, runtime, tee, release_path, llm, stats)
 
 
-def _start_tabular(release: VerifiedRelease, model_file: str, runtime_options) -> SandboxedRuntime:
-    """Start the tabular runtime and accept it: health check, input spec, signed canary."""
+def _start_tabular(release: VerifiedRelease, model_file: str, runtime_options, payload) -> SandboxedRuntime:
+    """Start the tabular runtime on ``payload[model_file]`` (decrypted if the release is
+    encrypted at rest) and accept it: health check, input spec, signed canary."""
     try:
-        runtime = SandboxedRuntime(release.payload[model_file], **dict(runtime_options or {}))
+        runtime = SandboxedRuntime(payload[model_file], **dict(runtime_options or {}))
     except RuntimeSandboxError as exc:
         raise BootError(f"cannot start the runtime for {model_file}: {exc}", reason="runtime") from exc
     try:
@@ -321,7 +324,8 @@ def _start_tabular(release: VerifiedRelease, model_file: str, runtime_options) -
 
 def boot(trust_dir: str | os.PathLike, release_dir: str | os.PathLike, state_dir: str | os.PathLike, *,
          backend: str | None = None, runtime_options: Mapping[str, Any] | None = None,
-         config: VerifyConfig = DEFAULT_CONFIG, variant: str | None = None) -> BootedDevice:
+         config: VerifyConfig = DEFAULT_CONFIG, variant: str | None = None,
+         key_source: KeySource | None = None) -> BootedDevice:
     """Boot the release in ``release_dir`` (steps in the module docstring).
 
     Args:
@@ -335,6 +339,8 @@ def boot(trust_dir: str | os.PathLike, release_dir: str | os.PathLike, state_dir
         config: read caps (:class:`~sealfl.attestation.config.VerifyConfig`).
         variant: model variant of a causal-LM release (default: the release's
             ``default_variant``; see :mod:`sealfl.enclave.llm_boot`).
+        key_source: for a release encrypted at rest, ``(tee, state_root) -> (root, key)``
+            (:func:`sealfl.kbs.client.broker_key_source`; :mod:`sealfl.enclave.at_rest`).
 
     Returns:
         a :class:`BootedDevice` (close it when done).
@@ -344,18 +350,19 @@ def boot(trust_dir: str | os.PathLike, release_dir: str | os.PathLike, state_dir
             device with history, or bound to another AK: re-provision on purpose), ``"tee"``,
             ``"verification"`` (also for a version below the TEE-held floor, check ``rollback``),
             ``"requirements"`` (the release's signed hardware requirements are not met:
-            :mod:`sealfl.enclave.doctor`)
+            :mod:`sealfl.enclave.doctor`), ``"key"`` (an at-rest release got no key)
             (with ``.file``/``.check`` of the failed check), ``"model"``, ``"runtime"``,
             ``"health-check"`` or ``"canary"``; ``state.json`` still names a complete,
             verifiable slot.
     """
     return _boot(trust_dir, release_dir, state_dir, backend=backend, runtime_options=runtime_options,
-                 config=config, variant=variant)
+                 config=config, variant=variant, key_source=key_source)
 
 
 def boot_last_good(trust_dir: str | os.PathLike, state_dir: str | os.PathLike, *, backend: str | None = None,
                    runtime_options: Mapping[str, Any] | None = None,
-                   config: VerifyConfig = DEFAULT_CONFIG, variant: str | None = None) -> BootedDevice:
+                   config: VerifyConfig = DEFAULT_CONFIG, variant: str | None = None,
+                   key_source: KeySource | None = None) -> BootedDevice:
     """Re-verify and boot the release recorded as last good in ``state_dir/state.json``
     (from the device's own slot copy).
 
@@ -367,4 +374,4 @@ def boot_last_good(trust_dir: str | os.PathLike, state_dir: str | os.PathLike, *
             failure (e.g. the slot was altered).
     """
     return _boot(trust_dir, None, state_dir, backend=backend, runtime_options=runtime_options, config=config,
-                 variant=variant)
+                 variant=variant, key_source=key_source)

@@ -43,7 +43,7 @@ class BootError(EnclaveError):
     """The device refused to boot a release.
 
     Attributes:
-        reason: short machine-readable reason (``"verification"``, ``"health-check"``, ``"canary"``, ``"tee-state"``, ``"requirements"``,
+        reason: short machine-readable reason (``"verification"``, ``"health-check"``, ``"canary"``, ``"tee-state"``, ``"requirements"``, ``"key"``,
             ``"runtime"``, ``"trust"``, ``"state"``, ``"tee"``, ``"model"``).
         file: failing release file for ``"verification"`` failures, else None.
         check: failing check name for ``"verification"`` failures, else None.

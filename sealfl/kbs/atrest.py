@@ -17,10 +17,12 @@ from Crypto.Random import get_random_bytes
 
 from .errors import AtRestError
 
-__all__ = ["MAGIC", "KEY_SIZE", "new_key", "encrypt", "decrypt"]
+__all__ = ["MAGIC", "KEY_SIZE", "SUFFIX", "new_key", "encrypt", "decrypt", "encrypt_payload"]
 
 MAGIC = b"SEALFL-ATREST/1\n"
 KEY_SIZE = 32
+#: Name suffix of an encrypted payload file (``model.int8.onnx`` -> ``model.int8.onnx.enc``).
+SUFFIX = ".enc"
 
 
 def new_key() -> bytes:
@@ -64,3 +66,27 @@ def decrypt(key: bytes, name: str, blob: bytes) -> bytes:
     except ValueError as exc:
         raise AtRestError(f"release file {name!r} does not decrypt with the released key (wrong key, "
                           "renamed or modified file)") from exc
+
+
+def encrypt_payload(payload: dict[str, bytes], files: list[str], key: bytes | None = None
+                    ) -> tuple[dict[str, bytes], bytes, dict]:
+    """Publisher side: encrypt ``files`` of ``payload`` under one key, renamed ``<name>.enc``.
+
+    Returns:
+        ``(new payload, key, metadata)``: sign the new payload with ``metadata`` merged into
+        the release metadata (``{"at_rest": {...}}``; set ``model_file`` to the ``.enc`` name),
+        then give the key to the broker for the release's root digest.
+
+    Raises:
+        AtRestError: a name is not in ``payload``.
+    """
+    key = new_key() if key is None else _check_key(key)
+    out = dict(payload)
+    names = []
+    for name in files:
+        if name not in out:
+            raise AtRestError(f"{name!r} is not a payload file")
+        enc = name + SUFFIX
+        out[enc] = encrypt(key, enc, out.pop(name))
+        names.append(enc)
+    return out, key, {"at_rest": {"alg": "AES-256-GCM", "files": names}}

@@ -19,7 +19,7 @@ from sealfl.attestation.quote import KEY_REQUEST_PURPOSE
 from . import wrap as _wrap
 from .errors import KBSError, KeyRequestRefused
 
-__all__ = ["request_key"]
+__all__ = ["request_key", "broker_key_source"]
 
 _MAX_REPLY = 1024 * 1024
 
@@ -43,8 +43,33 @@ def _post(url: str, body: dict, timeout_s: float) -> tuple[int, dict]:
     return status, doc
 
 
+def _ask(base: str, attest, ak_keyid: str, timeout_s: float) -> tuple[str, bytes]:
+    """One challenge-response; ``attest(quote data) -> evidence``."""
+    status, doc = _post(base + "/challenge", {}, timeout_s)
+    nonce = doc.get("nonce")
+    if status != 200 or not isinstance(nonce, str) or len(nonce) != 64:
+        raise KBSError(f"the key broker gave no challenge (HTTP {status}): {doc!r:.200}")
+    pair = _wrap.new_request_key()
+    pub = _wrap.public_bytes(pair)
+    try:
+        data = _wrap.binding(bytes.fromhex(nonce), pub)
+    except ValueError as exc:
+        raise KBSError(f"the key broker's nonce is not hex: {nonce!r:.80}") from exc
+    evidence = attest(data)
+    status, doc = _post(base + "/key", {"nonce": nonce, "public_key": base64.b64encode(pub).decode(),
+                                        "ak_keyid": ak_keyid, "evidence": evidence}, timeout_s)
+    if status != 200:
+        raise KeyRequestRefused(f"the key broker refused: {doc.get('error')!s:.2000}", check=str(doc.get("check")))
+    try:
+        root = doc["release_root"]
+        key = _wrap.unwrap(pair, root, base64.b64decode(doc["enc"]), base64.b64decode(doc["wrapped_key"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise KBSError(f"the key broker's answer is malformed: {exc}") from exc
+    return root, key
+
+
 def request_key(url: str, state_dir: str | os.PathLike, *, timeout_s: float = 30.0) -> tuple[str, bytes]:
-    """Obtain the model key for the release this device booted.
+    """Obtain the model key for the release this (booted) device runs; takes the device lock.
 
     Returns:
         ``(release root digest hex, 32-byte key)``.
@@ -56,22 +81,18 @@ def request_key(url: str, state_dir: str | os.PathLike, *, timeout_s: float = 30
     """
     from sealfl.enclave.measured import attest_device, device_public_key
 
-    base = url.rstrip("/")
-    status, doc = _post(base + "/challenge", {}, timeout_s)
-    nonce = doc.get("nonce")
-    if status != 200 or not isinstance(nonce, str) or len(nonce) != 64:
-        raise KBSError(f"the key broker gave no challenge (HTTP {status}): {doc!r:.200}")
-    pair = _wrap.new_request_key()
-    pub = _wrap.public_bytes(pair)
-    evidence = attest_device(state_dir, _wrap.binding(bytes.fromhex(nonce), pub), purpose=KEY_REQUEST_PURPOSE)
     ak = keyid(load_public_key(device_public_key(state_dir)))
-    status, doc = _post(base + "/key", {"nonce": nonce, "public_key": base64.b64encode(pub).decode(),
-                                        "ak_keyid": ak, "evidence": evidence}, timeout_s)
-    if status != 200:
-        raise KeyRequestRefused(f"the key broker refused: {doc.get('error')!s:.2000}", check=str(doc.get("check")))
-    try:
-        root = doc["release_root"]
-        key = _wrap.unwrap(pair, root, base64.b64decode(doc["enc"]), base64.b64decode(doc["wrapped_key"]))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise KBSError(f"the key broker's answer is malformed: {exc}") from exc
-    return root, key
+    return _ask(url.rstrip("/"), lambda data: attest_device(state_dir, data, purpose=KEY_REQUEST_PURPOSE), ak,
+                timeout_s)
+
+
+def broker_key_source(url: str, *, timeout_s: float = 30.0):
+    """A ``key_source(tee, state_root)`` for :func:`sealfl.enclave.device.boot` (used inside
+    the boot, which already holds the device lock and the open TEE)."""
+    def source(tee, state_root) -> tuple[str, bytes]:
+        from sealfl.enclave.measured import evidence
+
+        return _ask(url.rstrip("/"), lambda data: evidence(tee, state_root, data, KEY_REQUEST_PURPOSE),
+                    tee.ak_keyid(), timeout_s)
+
+    return source

@@ -300,6 +300,8 @@ def device_boot(
         None, "--input", help="CSV of raw feature rows to score (heart model: 13 columns age, sex(1=male), trestbps, "
         "chol, fbs, thalch, exang, oldpeak, cp=atypical angina, cp=non-anginal, cp=typical angina, "
         "restecg=normal, restecg=st-t abnormality; an optional header row). Prints one probability per row."),
+    key_broker: Optional[str] = typer.Option(None, "--key-broker", help="Key broker URL for a release encrypted "
+                                             "at rest (sealfl kbs serve)."),
 ) -> None:
     """Measure, verify and boot a release into the sandboxed runtime. If it is refused, boot
     the last good release instead and exit 3 (0 = the new release runs; 1/2 = nothing runs;
@@ -313,14 +315,17 @@ def device_boot(
         if st == other or other in st.parents or st in other.parents:
             fail(f"the state directory {state} overlaps the {what} directory {other}; keep device state apart")
     code = 0
+    from sealfl.kbs.client import broker_key_source
+
+    keys = broker_key_source(key_broker) if key_broker else None
     try:
-        dev = boot(trust, release_dir, state)
+        dev = boot(trust, release_dir, state, key_source=keys)
     except BootError as exc:
         if exc.reason == "tee-state":
             fail(str(exc), EXIT_TEE_STATE)
         err.print(f"[bold red]refused:[/] {exc}")
         try:
-            dev = boot_last_good(trust, state)
+            dev = boot_last_good(trust, state, key_source=keys)
         except (SealflError, OSError) as exc2:
             fail(f"no last good release to fall back to: {exc2}", 2)
         err.print(f"kept the last good release v{dev.release.version}")
