@@ -170,6 +170,8 @@ def test_kind_device_refuses_a_release_whose_canary_fails_and_keeps_the_last_goo
     with pytest.raises(BootError) as exc:
         boot(trust_dir, tmp_path / "v2", tmp_path / "state")
     assert exc.value.reason == "canary" and "canary row" in str(exc.value) and "> tolerance" in str(exc.value)
+    refused = json.loads((tmp_path / "state" / "last_refused.json").read_text())  # the device records why
+    assert refused["reason"] == "canary" and refused["release_dir"] == str(tmp_path / "v2")
     state = json.loads((tmp_path / "state" / "state.json").read_text())
     assert state["last_good"]["version"] == 1
     with boot_last_good(trust_dir, tmp_path / "state") as dev:

@@ -24,16 +24,19 @@
    copy of the verified bytes in a new ``state_dir/slots/<name>``, then ``state.json``
    (:meth:`DeviceState.accept`), then removal of older slots; then the TEE floor is raised.
 
-Any failure raises :class:`BootError`; ``state.json`` then still names a complete, verifiable
-slot (or is absent on a fresh device), so :func:`boot_last_good` can bring the last good
+Any failure raises :class:`BootError` (for a new release, also recorded in
+``state_dir/last_refused.json``: reason, file, check, message, time); ``state.json`` then
+still names a complete, verifiable slot (or is absent on a fresh device), so :func:`boot_last_good` can bring the last good
 release back up.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -47,7 +50,7 @@ from sealfl.attestation.quote import CHALLENGE_PURPOSE
 from sealfl.attestation.reader import load_release
 from sealfl.attestation.trust import load_trust_anchors
 from sealfl.attestation.verify import VerifiedRelease
-from sealfl.common.fsutil import ensure_private_dir
+from sealfl.common.fsutil import atomic_write, ensure_private_dir
 
 from . import measure as _measure
 from . import measured as _measured
@@ -66,6 +69,9 @@ __all__ = ["STATE_FILE", "STATE_SCHEMA", "BootedDevice", "select_model_file", "r
            "boot", "boot_last_good"]
 
 log = logging.getLogger(__name__)
+
+#: Why the last new release was refused (reason, file, check, message, time), in the state dir.
+REFUSAL_FILE = "last_refused.json"
 
 _NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(double)": np.float64,
                 "tensor(int64)": np.int64, "tensor(int32)": np.int32}
@@ -215,7 +221,22 @@ def _boot(trust_dir, release_dir, state_dir, **kw) -> BootedDevice:
     state_root = ensure_private_dir(Path(state_dir).resolve())
     with open(state_root / ".lock", "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return _boot_locked(trust_dir, release_dir, state_root, **kw)
+        try:
+            return _boot_locked(trust_dir, release_dir, state_root, **kw)
+        except BootError as exc:
+            if release_dir is not None:
+                _record_refusal(state_root, release_dir, exc)
+            raise
+
+
+def _record_refusal(state_root: Path, release_dir, exc: BootError) -> None:
+    """Write why a new release was refused to ``state_dir/last_refused.json`` (never raises)."""
+    doc = {"release_dir": str(release_dir), "reason": exc.reason, "file": exc.file, "check": exc.check,
+           "message": str(exc)[:4000], "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    try:
+        atomic_write(state_root / REFUSAL_FILE, json.dumps(doc, indent=1).encode() + b"\n", 0o600)
+    except OSError as err:
+        log.warning("cannot record the refusal in %s: %s", state_root / REFUSAL_FILE, err)
 
 
 def _same_release(release: VerifiedRelease, last: LastGood) -> bool:
