@@ -26,8 +26,8 @@
 
 Any failure raises :class:`BootError` (for a new release, also recorded in
 ``state_dir/last_refused.json``: reason, file, check, message, time); ``state.json`` then
-still names a complete, verifiable slot (or is absent on a fresh device), so :func:`boot_last_good` can bring the last good
-release back up.
+still names a complete, verifiable slot (or is absent on a fresh device), so
+:func:`boot_last_good` can bring the last good release back up.
 """
 
 from __future__ import annotations

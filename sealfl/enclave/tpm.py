@@ -60,9 +60,7 @@ from __future__ import annotations
 import base64
 import logging
 import os
-import shutil
 import struct
-import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -81,13 +79,12 @@ from sealfl.common.fsutil import atomic_write, check_private_file, ensure_privat
 
 from .errors import TEEError, TEEStateError, UnsealError
 from .tee import TEE, check_floor_write
+from .tpm_tools import DEFAULT_TCTI, TCTI_ENV, tcti_of, Tools
 
 __all__ = ["TpmTEE", "TEE_CLASS", "TCTI_ENV", "DEFAULT_TCTI", "AK_HANDLE", "FLOOR_NV_INDEX", "RESET_PCRS"]
 
 log = logging.getLogger(__name__)
 
-TCTI_ENV = "SEALFL_TPM_TCTI"
-DEFAULT_TCTI = "device:/dev/tpmrm0"
 #: Persistent handle of the AK (owner range 0x81000000-0x817FFFFF; TCG handle registry).
 AK_HANDLE = "0x81010010"
 #: NV index of the anti-rollback floor (owner-defined range 0x01000000-0x01BFFFFF).
@@ -96,36 +93,6 @@ FLOOR_NV_INDEX = "0x01500010"
 RESET_PCRS = (16, 23)
 _FORMAT = 1
 _MAGIC = b"SEALFL-TPMSEAL/1\n"
-_TIMEOUT_S = 60
-
-
-def _tcti_of(recorded: str | None) -> str:
-    return os.environ.get(TCTI_ENV) or recorded or DEFAULT_TCTI
-
-
-class _Tools:
-    """Runs tpm2-tools commands against one TCTI."""
-
-    def __init__(self, tcti: str) -> None:
-        if shutil.which("tpm2_pcrread") is None:
-            raise TEEError("tpm2-tools is not installed (tpm2_pcrread not on PATH); run scripts/install-tpm.sh "
-                           "or apt-get install tpm2-tools")
-        self.tcti = tcti
-        self.env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TPM2TOOLS_TCTI": tcti}
-
-    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        try:
-            proc = subprocess.run(list(args), env=self.env, capture_output=True, timeout=_TIMEOUT_S, check=False)
-        except subprocess.TimeoutExpired as exc:
-            raise TEEError(f"{args[0]} did not answer within {_TIMEOUT_S} s on TPM {self.tcti}") from exc
-        if check and proc.returncode != 0:
-            tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-3:]
-            raise TEEError(f"{args[0]} failed (rc {proc.returncode}) on TPM {self.tcti}: {' | '.join(tail)}")
-        return proc
-
-    def flush(self) -> None:
-        for kind in ("-t", "-s"):
-            self.run("tpm2_flushcontext", kind, check=False)
 
 
 def _check_index(pcr: int) -> int:
@@ -159,7 +126,7 @@ class TpmTEE(TEE):
     backend = "tpm"
     insecure = False
 
-    def __init__(self, state_dir: Path, tools: _Tools, ak_pem: bytes) -> None:
+    def __init__(self, state_dir: Path, tools: Tools, ak_pem: bytes) -> None:
         """Internal; use :meth:`create` or :meth:`load`."""
         self._dir = Path(state_dir)
         self._tools = tools
@@ -185,7 +152,7 @@ class TpmTEE(TEE):
         root = Path(state_dir)
         if (root / "tee.json").exists() or (root / "ak.pem").exists():
             raise TEEStateError(f"{root} already holds TEE state; use TpmTEE.load or pick an empty directory")
-        tools = _Tools(_tcti_of(None))
+        tools = Tools(tcti_of(None))
         ensure_private_dir(root)
         with tempfile.TemporaryDirectory(prefix="sealfl-tpm-") as tmp:
             ek, ak = os.path.join(tmp, "ek.ctx"), os.path.join(tmp, "ak.ctx")
@@ -241,7 +208,7 @@ class TpmTEE(TEE):
             ak_pem = (root / "ak.pem").read_bytes()
         except OSError as exc:
             raise TEEStateError(f"cannot load TPM TEE state from {root}: {exc}") from exc
-        tools = _Tools(_tcti_of(tcti))
+        tools = Tools(tcti_of(tcti))
         with tempfile.TemporaryDirectory(prefix="sealfl-tpm-") as tmp:
             out = os.path.join(tmp, "ak.pem")
             if tools.run("tpm2_readpublic", "-c", AK_HANDLE, "-f", "pem", "-o", out, check=False).returncode != 0:
