@@ -48,7 +48,7 @@ def test_child_environment_is_minimal_and_has_no_forbidden_imports():
         with open(f"/proc/{rt.pid}/environ", "rb") as fh:
             env = dict(item.split(b"=", 1) for item in fh.read().split(b"\0") if item)
         assert set(env) <= {b"PATH", b"LC_ALL", b"OMP_NUM_THREADS", b"OPENBLAS_NUM_THREADS", b"MKL_NUM_THREADS", b"HOME"}
-        assert env.get(b"HOME", rt.workdir.encode()) == rt.workdir.encode()  # its own empty directory
+        assert env[b"HOME"] == rt.homedir.encode()  # its own private directory, not the user's home
         with open(f"/proc/{rt.pid}/cmdline", "rb") as fh:
             cmdline = fh.read().split(b"\0")
         assert b"-I" in cmdline and not any(b".onnx" in part for part in cmdline)  # bytes, not a path

@@ -51,10 +51,12 @@ def test_kind_default_limit_env_and_fds(tmp_path):
         fds = sorted(int(f) for f in os.listdir(f"/proc/{rt.pid}/fd"))
         # stdin/stdout/stderr (pipes + stderr file) and the protocol dup; nothing inherited beyond
         targets = [os.readlink(f"/proc/{rt.pid}/fd/{f}") for f in fds]
-        # only pipes to the parent, the stderr temp file, and files inside its own empty workdir
-        assert all(t.startswith(("pipe:", "anon_inode:", "/dev/null", rt.workdir)) or t.endswith("(deleted)")
+        # only pipes to the parent, the stderr temp file, and files inside its own private dirs
+        private = (rt.workdir, rt.homedir)
+        assert all(t.startswith(("pipe:", "anon_inode:", "/dev/null", *private)) or t.endswith("(deleted)")
                    for t in targets), targets
         assert not any(t.startswith("socket:") for t in targets), targets
+    assert not any(os.path.exists(p) for p in private)  # both removed on close
 
 
 def _hungry_model() -> bytes:

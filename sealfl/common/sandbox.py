@@ -9,9 +9,10 @@ parsed without pickle, so a compromised child cannot attack the parent through t
 Every wait on the child is bounded by a timeout; on timeout or crash the child is killed by
 its pid and :class:`RuntimeSandboxError` is raised.
 
-``HOME`` is that directory too: onnxruntime otherwise opens a cache database under the
-user's real home (``~/.cache/Microsoft/DeveloperTools/.onnxruntime/onnxruntime.db``, seen
-with onnxruntime 1.2x), a file outside the sandbox the child could write.
+``HOME`` is a second fresh private directory (removed with the first): onnxruntime
+otherwise opens a cache database under the user's real home
+(``~/.cache/Microsoft/DeveloperTools/.onnxruntime/onnxruntime.db``, seen with onnxruntime
+1.2x), a file outside the sandbox the child could write.
 
 Why the empty working directory: onnxruntime resolves a tensor's external-data path for a
 model loaded from bytes relative to the working directory. Verification already refuses
@@ -75,6 +76,7 @@ class SandboxedRuntime:
     Attributes:
         pid: the child's process id.
         workdir: the child's working directory (empty, mode 0700; removed by :meth:`close`).
+        homedir: the child's ``HOME`` (fresh, mode 0700; removed by :meth:`close`).
         network: how the child's network was isolated (``"netns"``, ``"userns+netns"``,
             ``"seccomp"``, ``"unavailable: ..."`` or ``"inherited"``).
 
@@ -96,14 +98,16 @@ class SandboxedRuntime:
         self._max_reply = memory_limit_bytes or (1 << 40)
         self._stderr = tempfile.TemporaryFile()
         self.workdir = tempfile.mkdtemp(prefix="sealfl-sandbox-")  # mode 0700, empty
+        self.homedir = tempfile.mkdtemp(prefix="sealfl-sandbox-home-")  # mode 0700, the child's HOME
         cmd = self._command(memory_limit_bytes, intra_op_threads, network)
         try:
             self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                          stderr=self._stderr, env={**_minimal_env(), "HOME": self.workdir}, cwd=self.workdir,
+                                          stderr=self._stderr, env={**_minimal_env(), "HOME": self.homedir}, cwd=self.workdir,
                                           close_fds=True, start_new_session=True)
         except OSError as exc:
             self._stderr.close()
             shutil.rmtree(self.workdir, ignore_errors=True)
+            shutil.rmtree(self.homedir, ignore_errors=True)
             raise RuntimeSandboxError(f"cannot start the sandbox child: {exc}") from exc
         self.pid = self._proc.pid
         os.set_blocking(self._proc.stdin.fileno(), False)
@@ -302,9 +306,9 @@ class SandboxedRuntime:
         stderr = getattr(self, "_stderr", None)
         if stderr is not None and not stderr.closed:
             stderr.close()
-        workdir = getattr(self, "workdir", None)
-        if workdir is not None and (proc is None or proc.poll() is not None):
-            shutil.rmtree(workdir, ignore_errors=True)
+        for private in (getattr(self, "workdir", None), getattr(self, "homedir", None)):
+            if private is not None and (proc is None or proc.poll() is not None):
+                shutil.rmtree(private, ignore_errors=True)
 
     def __enter__(self) -> "SandboxedRuntime":
         return self
