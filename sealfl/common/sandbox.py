@@ -64,6 +64,10 @@ class SandboxedRuntime:
         intra_op_threads: onnxruntime intra-op thread count in the child.
         network: ``"best-effort"`` (default: try an empty network namespace, continue
             without), ``"isolate"`` (fail if impossible) or ``"inherit"``.
+        die_with_parent: the child sets ``PR_SET_PDEATHSIG`` (SIGKILL) and so dies when the
+            thread that created this runtime exits, however this process ends (a server
+            creates its runtimes on its main thread). Off by default: a runtime created on
+            a short-lived thread would lose its child with that thread.
 
     Attributes:
         pid: the child's process id.
@@ -78,7 +82,8 @@ class SandboxedRuntime:
 
     def __init__(self, model_bytes: bytes, *, memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES,
                  timeout_s: float = 30.0, start_timeout_s: float = 120.0, intra_op_threads: int = 1,
-                 network: str = "best-effort") -> None:
+                 network: str = "best-effort", die_with_parent: bool = False) -> None:
+        self._die_with_parent = bool(die_with_parent)
         if not isinstance(model_bytes, bytes) or not model_bytes:
             raise RuntimeSandboxError("model_bytes must be non-empty bytes (the verified model)")
         if network not in ("isolate", "best-effort", "inherit"):
@@ -118,7 +123,11 @@ class SandboxedRuntime:
         """The child's command line (subclasses run another child script)."""
         return [sys.executable, "-I", os.path.abspath(_child.__file__),
                 "--memory-limit", str(int(memory_limit_bytes)), "--threads", str(int(intra_op_threads)),
-                "--network", network]
+                "--network", network] + self._parent_args()
+
+    def _parent_args(self) -> list[str]:
+        """``--parent-pid PID`` when the child must die with this process (``die_with_parent``)."""
+        return ["--parent-pid", str(os.getpid())] if self._die_with_parent else []
 
     # -- introspection ---------------------------------------------------------------
 
