@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sealfl.enclave.errors import APIRequestError
-from sealfl.enclave.openai_api import APILimits, fit_context, parse_chat_request, parse_completion_request
+from sealfl.enclave.errors import EnclaveError
+from sealfl.enclave.openai_api import APIRequestError, APILimits, fit_context, parse_chat_request, parse_completion_request
 
 CHAT = {"model": "tiny-llm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 0.5,
         "top_p": 0.9, "stop": ["\n"], "seed": 3, "stream": True, "stream_options": {"include_usage": True}}
@@ -38,6 +38,7 @@ def _refused(parse, doc_or_bytes, param):
     with pytest.raises(APIRequestError) as err:
         parse(body)
     e = err.value
+    assert isinstance(e, EnclaveError)  # the package's error hierarchy
     assert e.status == 400 and e.param == param, (e.param, str(e))
     assert e.body() == {"error": {"message": str(e), "type": "invalid_request_error", "param": param,
                                   "code": e.code}}

@@ -19,7 +19,6 @@ __all__ = [
     "SecretNotFoundError",
     "InputSpecError",
     "InputRangeError",
-    "APIRequestError",
 ]
 
 
@@ -73,29 +72,3 @@ class InputSpecError(EnclaveError):
 class InputRangeError(EnclaveError, ValueError):
     """A row given to the device's model is not finite, outside the release's documented
     feature ranges, or has an invalid one-hot group; the message names row and column."""
-
-
-class APIRequestError(EnclaveError):
-    """A request to the device's OpenAI-compatible API was refused
-    (:mod:`sealfl.enclave.openai_api`). Rendered as OpenAI's error body
-    ``{"error": {"message", "type", "param", "code"}}`` with HTTP ``status``.
-
-    Attributes:
-        status: HTTP status (400 invalid request, 404 unknown model, 429 busy, 503 not ready).
-        param: the request parameter that failed (``"messages[0].content"``,
-            ``"max_tokens"``, ``"body"`` for the body as a whole), or None.
-        code: short machine-readable code (``"invalid_type"``, ``"out_of_range"``, ...).
-        type: OpenAI error type (``"invalid_request_error"``, ``"rate_limit_error"``, ...).
-    """
-
-    def __init__(self, message: str, *, param: str | None, code: str, status: int = 400,
-                 type: str = "invalid_request_error"):  # noqa: A002 - OpenAI's field name
-        super().__init__(message)
-        self.status = status
-        self.param = param
-        self.code = code
-        self.type = type
-
-    def body(self) -> dict:
-        """OpenAI's error body."""
-        return {"error": {"message": str(self), "type": self.type, "param": self.param, "code": self.code}}

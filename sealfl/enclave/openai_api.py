@@ -35,10 +35,39 @@ from typing import Any
 from sealfl.attestation.canonical import JSONFormatError, loads_strict
 from sealfl.common.llm_decode import MAX_NEW_TOKENS_CAP
 
-from .errors import APIRequestError
+from .errors import EnclaveError
 
-__all__ = ["APILimits", "GenerationRequest", "parse_chat_request", "parse_completion_request", "fit_context",
-           "CHAT_ROLES"]
+__all__ = ["APIRequestError", "APILimits", "GenerationRequest", "parse_chat_request", "parse_completion_request",
+           "fit_context", "CHAT_ROLES"]
+
+
+class APIRequestError(EnclaveError):
+    """A request to the device's OpenAI-compatible API was refused. Rendered as OpenAI's
+    error body ``{"error": {"message", "type", "param", "code"}}`` with HTTP ``status``.
+
+    (Defined here rather than in :mod:`sealfl.enclave.errors`: that module is part of the
+    release enclave's measured code, and editing it would force every consortium to
+    re-provision its enclave for an HTTP error type.)
+
+    Attributes:
+        status: HTTP status (400 invalid request, 404 unknown model, 429 busy, 503 not ready).
+        param: the request parameter that failed (``"messages[0].content"``,
+            ``"max_tokens"``, ``"body"`` for the body as a whole), or None.
+        code: short machine-readable code (``"invalid_type"``, ``"out_of_range"``, ...).
+        type: OpenAI error type (``"invalid_request_error"``, ``"rate_limit_error"``, ...).
+    """
+
+    def __init__(self, message: str, *, param: str | None, code: str, status: int = 400,
+                 type: str = "invalid_request_error"):  # noqa: A002 - OpenAI's field name
+        super().__init__(message)
+        self.status = status
+        self.param = param
+        self.code = code
+        self.type = type
+
+    def body(self) -> dict:
+        """OpenAI's error body."""
+        return {"error": {"message": str(self), "type": self.type, "param": self.param, "code": self.code}}
 
 #: Roles a chat message may have (OpenAI's ``developer`` is its newer name for ``system``).
 CHAT_ROLES = ("system", "developer", "user", "assistant")

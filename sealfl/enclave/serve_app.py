@@ -40,8 +40,7 @@ from sealfl.common.errors import RuntimeSandboxError
 from sealfl.common.llm_decode import SamplingParams
 from sealfl.common.testpoints import testpoint
 
-from .errors import APIRequestError
-from .openai_api import DEFAULT_LIMITS, APILimits, GenerationRequest, fit_context, parse_chat_request, \
+from .openai_api import DEFAULT_LIMITS, APIRequestError, APILimits, GenerationRequest, fit_context, parse_chat_request, \
     parse_completion_request
 from .serve_metrics import CONTENT_TYPE
 from .serve_state import ServeState, Slot
