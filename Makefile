@@ -29,6 +29,10 @@ llm-demo: $(STAMP)
 
 install: $(STAMP)
 
+# Benchmarks (bench/README.md); bench/llm.py needs llm-out/ from `make llm-demo`.
+bench: $(STAMP)
+	$(BIN)/python bench/llm.py --demo llm-out
+
 demo: $(STAMP)
 	$(BIN)/sealfl demo --out demo-out
 

@@ -283,6 +283,10 @@ def main() -> int:
 
     demo = a.demo.resolve()
     trust, release = demo / "consortium" / "trust", demo / "release"
+    if not (release / "model.int4.onnx").is_file() or not (demo / "campaign").is_dir():
+        print(f"bench/llm.py: {demo} holds no LLM demo output (release/, campaign/, consortium/); run "
+              "`make llm-demo` first or pass --demo", file=sys.stderr)
+        return 2
     t_all = time.perf_counter()
     llama_py = None if a.no_llama_cpp else ensure_llama_venv()
     log("merged fp32 model (release enclave opens the final checkpoint)")
