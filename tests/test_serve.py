@@ -298,6 +298,23 @@ def test_kind_metrics_parse_with_the_expected_families_and_prometheus_names(serv
     assert out.returncode == 0 and not out.stdout.strip(), out.stdout + out.stderr
 
 
+def test_kind_a_dead_worker_is_restarted_from_the_verified_bytes_and_counted(server):
+    """The sandboxed child dies (SIGKILL by its pid): the request that meets the dead
+    child gets a 500 naming the failure, the slot is restarted (health check + canary)
+    and counted, and the next requests are served."""
+    (child,) = _children(server.proc.pid)
+    os.kill(child, signal.SIGKILL)
+    _wait(lambda: _gone(child), "the child to die")
+    with pytest.raises(openai.InternalServerError) as err:
+        server.client.chat.completions.create(model="tiny-llm", messages=MESSAGES, max_tokens=3)
+    assert err.value.body["type"] == "server_error" and "pid" in err.value.body["message"]
+    _wait(lambda: server.metric("sealfl_llm_worker_restarts_total") == 1, "the slot's restart", proc=server.proc)
+    r = server.client.chat.completions.create(model="tiny-llm", messages=MESSAGES, max_tokens=3)
+    assert r.usage.completion_tokens >= 1
+    assert server.metric("sealfl_llm_requests_total", {"endpoint": "chat", "finish_reason": "error"}) == 1
+    assert child not in _children(server.proc.pid)
+
+
 def test_kind_a_sigkilled_server_takes_its_sandboxed_children_along(server):
     """No handler runs on SIGKILL, and a child that cannot read its pipe's EOF (stopped
     here with SIGSTOP, as a child deep in a long inference would not read it either)
