@@ -269,6 +269,9 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--no-llama-cpp", action="store_true")
+    ap.add_argument("--quality-from-gate", action="store_true",
+                    help="sealfl only: take agreement/perplexity from the release's signed gate figures (no "
+                         "enclave, no merged model, no llama.cpp)")
     ap.add_argument("--no-load", action="store_true")
     ap.add_argument("--sealfl-speed-child", nargs=4, metavar=("TRUST", "RELEASE", "VARIANT", "PROMPT"),
                     help=argparse.SUPPRESS)
@@ -288,26 +291,46 @@ def main() -> int:
               "`make llm-demo` first or pass --demo", file=sys.stderr)
         return 2
     t_all = time.perf_counter()
-    llama_py = None if a.no_llama_cpp else ensure_llama_venv()
-    log("merged fp32 model (release enclave opens the final checkpoint)")
-    task, bundle, merged, head_dim = merged_model(demo)
-    blocks = heldout(task, a.blocks_per_partner)
-    log(f"held-out: {blocks.shape[0]} blocks of {blocks.shape[1]} tokens; fp32 reference")
-    ref = reference_scores(merged, blocks)
+    work = Path(tempfile.mkdtemp(prefix="sealfl-bench-llm-"))
+    engines: dict[str, dict] = {}
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_str(bundle.tokenizer_json.decode())
-    text = " ".join(tok.decode(list(b)) for b in blocks[:2])
+    if a.quality_from_gate:
+        # the release's signed gate figures: the partners scored each variant against the fp32
+        # merged model on their held-out text (sealfl.platform.llm.gate); no enclave needed
+        from sealfl.clients.corpus import load_partner_text
+        from sealfl.enclave.verify_cli import verify_dir
+
+        v = verify_dir(trust, release)
+        tok = Tokenizer.from_str(v.payload[v.metadata["files"]["tokenizer"]].decode())
+        for name, var in v.metadata["variants"].items():
+            g = var["gate"]
+            engines[f"sealfl {name.upper()}"] = {
+                "kind": "sealfl", "variant": name, "file_bytes": len(v.payload[var["file"]]),
+                "quality_source": "release gate (partners' held-out text)", **{k: g[k] for k in (
+                    "positions", "top1_agreement", "perplexity_fp32", "perplexity", "perplexity_ratio")}}
+        del v
+        blocks = None
+        text = " ".join(load_partner_text("tutorial").heldout)[:4000]
+        llama_py = None
+    else:
+        llama_py = None if a.no_llama_cpp else ensure_llama_venv()
+        log("merged fp32 model (release enclave opens the final checkpoint)")
+        task, bundle, merged, head_dim = merged_model(demo)
+        blocks = heldout(task, a.blocks_per_partner)
+        log(f"held-out: {blocks.shape[0]} blocks of {blocks.shape[1]} tokens; fp32 reference")
+        ref = reference_scores(merged, blocks)
+        tok = Tokenizer.from_str(bundle.tokenizer_json.decode())
+        text = " ".join(tok.decode(list(b)) for b in blocks[:2])
+        (work / "blocks.json").write_text(json.dumps(blocks.tolist()))
+        for v in ("int4", "int8"):
+            data = (release / f"model.{v}.onnx").read_bytes()
+            c = compare(ref, candidate_scores(data, blocks, head_dim, blocks.shape[1] // 2))
+            engines[f"sealfl {v.upper()}"] = {"kind": "sealfl", "variant": v, "file_bytes": len(data),
+                                              "quality_source": "bench held-out blocks", **c.to_dict()}
+            del data
     prompt = tok.encode(text, add_special_tokens=False).ids[:PROMPT_TOKENS]
-    work = Path(tempfile.mkdtemp(prefix="sealfl-bench-llm-"))
     (work / "prompt.json").write_text(json.dumps(prompt))
-    (work / "blocks.json").write_text(json.dumps(blocks.tolist()))
-    engines: dict[str, dict] = {}
-    for v in ("int4", "int8"):
-        data = (release / f"model.{v}.onnx").read_bytes()
-        c = compare(ref, candidate_scores(data, blocks, head_dim, blocks.shape[1] // 2))
-        engines[f"sealfl {v.upper()}"] = {"kind": "sealfl", "variant": v, "file_bytes": len(data), **c.to_dict()}
-        del data
     if llama_py is not None:
         src = llama_sources()
         hf = work / "hf"
@@ -321,8 +344,9 @@ def main() -> int:
             res = run_json([llama_py, BENCH / "llm_llamacpp.py", "quality", g, work / "blocks.json", THREADS])
             cand = [(np.asarray(t, dtype=np.int64), np.asarray(n)) for t, n in res["blocks"]]
             engines[f"llama.cpp {q}"] = {"kind": "llama.cpp", "gguf": q, "file_bytes": g.stat().st_size,
-                                         "path": str(g), **compare(ref, cand).to_dict()}
-    del merged
+                                         "path": str(g), "quality_source": "bench held-out blocks",
+                                         **compare(ref, cand).to_dict()}
+        del merged
     speeds: dict[str, list] = {k: [] for k in engines}
     for rep in range(a.reps):
         for name, e in engines.items():
@@ -344,7 +368,8 @@ def main() -> int:
                           "cpu_flags": sorted({f for f in ("avx2", "avx512_vnni", "avx_vnni") if f in
                                                open("/proc/cpuinfo").read().split()})},
               "settings": {"threads": THREADS, "prompt_tokens": len(prompt), "decode_tokens": DECODE,
-                           "reps": a.reps, "heldout_blocks": list(blocks.shape), "llama_cpp_python": LLAMA_CPP_PYTHON},
+                           "reps": a.reps, "heldout_blocks": None if blocks is None else list(blocks.shape),
+                           "llama_cpp_python": None if llama_py is None else LLAMA_CPP_PYTHON},
               "release": {"dir": str(release)}, "engines": engines, "load": load,
               "seconds": time.perf_counter() - t_all}
     a.out.parent.mkdir(parents=True, exist_ok=True)
