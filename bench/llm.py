@@ -24,8 +24,13 @@ What it does:
    block, then token by token, :func:`sealfl.clients.causal_lm.scoring.candidate_scores`);
    llama.cpp evaluates each block in one batch with ``logits_all``;
 6. **load**: ``sealfl device serve`` (INT4, ``--max-concurrent 2``) and ``--clients``
-   streaming clients for ``--requests`` requests: throughput, p50/p99 client-side first
-   token latency, 429 count, peak RSS of the server's process tree (sampled every 50 ms).
+   streaming clients for ``--requests`` requests (a 429 is counted and retried after its
+   ``Retry-After``): throughput, p50/p99 client-side first token latency (waits after a
+   429 included), 429 count, peak RSS of the server's process tree (sampled every 50 ms).
+
+``--quality-from-gate`` (sealfl only) takes agreement and perplexity from the release's
+signed gate figures instead of rebuilding the merged model (which needs the consortium's
+release enclave, sealed to the code that provisioned it).
 """
 
 from __future__ import annotations
@@ -214,6 +219,27 @@ def load_figure(trust: Path, release: Path, clients: int, requests: int, prompt_
             todo, lock = list(range(requests)), threading.Lock()
             ttfts, tokens, rejected = [], [0], [0]
 
+            def one(body: dict, t0: float) -> bool:
+                """One attempt; False on 429 (retried by the caller after Retry-After)."""
+                with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
+                    if r.status_code == 429:
+                        with lock:
+                            rejected[0] += 1
+                        return False
+                    first = None
+                    for line in r.iter_lines():
+                        if not line.startswith("data: ") or line == "data: [DONE]":
+                            continue
+                        ev = json.loads(line[6:])
+                        if first is None and ev.get("choices") and ev["choices"][0]["delta"].get("content"):
+                            first = time.perf_counter() - t0
+                        if ev.get("usage"):
+                            with lock:
+                                tokens[0] += ev["usage"]["completion_tokens"]
+                    with lock:
+                        ttfts.append(first if first is not None else time.perf_counter() - t0)
+                return True
+
             def client():
                 while True:
                     with lock:
@@ -222,24 +248,9 @@ def load_figure(trust: Path, release: Path, clients: int, requests: int, prompt_
                         todo.pop()
                     body = {"messages": [{"role": "user", "content": prompt_text}], "max_tokens": 32,
                             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
-                    t0 = time.perf_counter()
-                    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
-                        if r.status_code == 429:
-                            with lock:
-                                rejected[0] += 1
-                            continue  # a rejected request is not retried: it counts as a 429
-                        first = None
-                        for line in r.iter_lines():
-                            if not line.startswith("data: ") or line == "data: [DONE]":
-                                continue
-                            ev = json.loads(line[6:])
-                            if first is None and ev.get("choices") and ev["choices"][0]["delta"].get("content"):
-                                first = time.perf_counter() - t0
-                            if ev.get("usage"):
-                                with lock:
-                                    tokens[0] += ev["usage"]["completion_tokens"]
-                        with lock:
-                            ttfts.append(first if first is not None else time.perf_counter() - t0)
+                    t0 = time.perf_counter()  # first-token latency includes the waits after 429s
+                    while not one(body, t0):
+                        time.sleep(1.0)  # the server's Retry-After
 
             t0 = time.perf_counter()
             threads = [threading.Thread(target=client) for _ in range(clients)]
