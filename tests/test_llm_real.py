@@ -31,6 +31,11 @@ def test_kind_real_model_one_round_release_and_device_generate(tmp_path):
     assert saved["release"]["int4_bytes"] <= 350 * 10**6
     assert all(g["passed"] for g in saved["gate"].values())
     assert saved["sample"]["answer"].strip()
+    # the same device answered through its OpenAI-compatible API (device serve)
+    chat = saved["chat"]
+    assert chat["question"] and chat["answer"].strip() and chat["finish_reason"] in ("stop", "length")
+    assert chat["usage"]["prompt_tokens"] > 10 and 1 <= chat["usage"]["completion_tokens"] <= 96
+    assert chat["server_exit_code"] == 143  # stopped by SIGTERM, as the interruption rules say
     assert saved["server_has_secret_key"] is False
     assert saved["device"]["peak_rss_bytes"] <= 1.2 * 2**30
     # sealfl verify accepts the release (library and CLI)

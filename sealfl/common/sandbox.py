@@ -72,6 +72,10 @@ class SandboxedRuntime:
         network: ``"best-effort"`` (default: an empty network namespace, else a seccomp
             filter denying ``socket()``, else continue without), ``"isolate"`` (fail if
             neither works), ``"seccomp"`` (the filter only) or ``"inherit"``.
+        die_with_parent: the child sets ``PR_SET_PDEATHSIG`` (SIGKILL) and so dies when the
+            thread that created this runtime exits, however this process ends (a server
+            creates its runtimes on its main thread). Off by default: a runtime created on
+            a short-lived thread would lose its child with that thread.
 
     Attributes:
         pid: the child's process id.
@@ -87,7 +91,8 @@ class SandboxedRuntime:
 
     def __init__(self, model_bytes: bytes, *, memory_limit_bytes: int = TABULAR_MEMORY_LIMIT_BYTES,
                  timeout_s: float = 30.0, start_timeout_s: float = 120.0, intra_op_threads: int = 1,
-                 network: str = "best-effort") -> None:
+                 network: str = "best-effort", die_with_parent: bool = False) -> None:
+        self._die_with_parent = bool(die_with_parent)
         if not isinstance(model_bytes, bytes) or not model_bytes:
             raise RuntimeSandboxError("model_bytes must be non-empty bytes (the verified model)")
         if network not in ("isolate", "best-effort", "seccomp", "inherit"):
@@ -130,7 +135,11 @@ class SandboxedRuntime:
         """The child's command line (subclasses run another child script)."""
         return [sys.executable, "-I", os.path.abspath(_child.__file__),
                 "--memory-limit", str(int(memory_limit_bytes)), "--threads", str(int(intra_op_threads)),
-                "--network", network]
+                "--network", network] + self._parent_args()
+
+    def _parent_args(self) -> list[str]:
+        """``--parent-pid PID`` when the child must die with this process (``die_with_parent``)."""
+        return ["--parent-pid", str(os.getpid())] if self._die_with_parent else []
 
     # -- introspection ---------------------------------------------------------------
 

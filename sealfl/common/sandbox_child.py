@@ -103,6 +103,20 @@ def _set_limits(memory_limit: int) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
+def _die_with_parent(parent_pid: int) -> None:
+    """``prctl(PR_SET_PDEATHSIG, SIGKILL)`` (prctl(2)): the kernel kills this child when the
+    parent thread that started it exits, however it exits. If the parent is already gone
+    (it died before the call: ``getppid()`` no longer names it), exit at once."""
+    import ctypes
+    import signal
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) != 0:  # PR_SET_PDEATHSIG = 1 (linux/prctl.h)
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent_pid:
+        os._exit(2)
+
+
 def _isolate_network() -> str:
     """Enter an empty network namespace; return how (``"netns"``, ``"userns+netns"``) or an error."""
     import ctypes
@@ -195,7 +209,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--memory-limit", type=int, default=0, help="RLIMIT_AS in bytes (0 = none)")
     parser.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads")
     parser.add_argument("--network", choices=("isolate", "best-effort", "seccomp", "inherit"), default="best-effort")
+    parser.add_argument("--parent-pid", type=int, default=0, help="die with this parent (PR_SET_PDEATHSIG)")
     args = parser.parse_args(argv)
+    if args.parent_pid:
+        _die_with_parent(args.parent_pid)
 
     stdin = sys.stdin.buffer
     proto = os.fdopen(os.dup(1), "wb", buffering=0)

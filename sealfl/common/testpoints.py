@@ -24,6 +24,9 @@ slot-written   device update: new slot's files written and fsynced, not yet rena
 slot-renamed   device update: slot renamed into place, ``state.json`` not yet replaced
 state-written  device update: ``state.json`` replaced, old slots not yet removed
 slots-pruned   device update: old slots removed, the TEE floor not yet raised
+serve-boot     ``device serve``, HTTP up, before the release is verified and loaded
+serve-stream   ``device serve``, a request's first streamed piece was queued; the
+               generation waits until that request is cancelled (client gone)
 ============== ==================================================================
 
 The idea is the failpoint of etcd's ``gofail`` / TiKV's ``fail-rs``, reduced to "pause".
@@ -43,7 +46,7 @@ log = logging.getLogger(__name__)
 ENV_STAGE = "SEALFL_PAUSE_AT"
 ENV_DIR = "SEALFL_PAUSE_DIR"
 STAGES = ("before-ray", "train", "aggregate", "checkpoint", "gate-query", "slot-written", "slot-renamed",
-          "state-written", "slots-pruned")
+          "state-written", "slots-pruned", "serve-boot", "serve-stream")
 
 __all__ = ["ENV_STAGE", "ENV_DIR", "STAGES", "parse_spec", "check_environment", "testpoint", "event_path"]
 
@@ -93,11 +96,14 @@ def event_path(stage: str, directory: str | os.PathLike | None = None) -> str:
     return os.path.join(os.fspath(directory if directory is not None else os.environ[ENV_DIR]), f"{stage}.reached")
 
 
-def testpoint(stage: str, round: int | None = None) -> None:  # noqa: A002 - "round" is the domain word
+def testpoint(stage: str, round: int | None = None,  # noqa: A002 - "round" is the domain word
+              until: threading.Event | None = None) -> None:
     """Pause here if the environment asks for ``stage`` (and ``round``); else return.
 
     Pausing writes the event file (first process only) and blocks this thread forever;
-    the test's signal to the supervisor ends the process tree.
+    the test's signal to the supervisor ends the process tree. With ``until``, only the
+    first arrival pauses (later ones find the event file and pass), and only until
+    ``until`` is set.
     """
     spec = os.environ.get(ENV_STAGE)
     if not spec:
@@ -106,14 +112,17 @@ def testpoint(stage: str, round: int | None = None) -> None:  # noqa: A002 - "ro
     if want != stage or (want_round is not None and want_round != round):
         return
     path = event_path(stage)
-    tmp = f"{path}.{os.getpid()}.tmp"
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
     with open(tmp, "w") as fh:  # complete before it becomes visible under its name
         fh.write(json.dumps({"stage": stage, "round": round, "pid": os.getpid()}))
     try:
         os.link(tmp, path)  # exactly one process publishes the event
     except FileExistsError:
-        pass  # another partner got here first; pause as well
+        if until is not None:
+            return  # paused once already
+        # another partner got here first; pause as well
     finally:
         os.unlink(tmp)
-    log.warning("test pause point %r reached (round %s, pid %d): blocking until killed", stage, round, os.getpid())
-    threading.Event().wait()
+    log.warning("test pause point %r reached (round %s, pid %d): blocking until %s", stage, round, os.getpid(),
+                "released" if until is not None else "killed")
+    (until or threading.Event()).wait()

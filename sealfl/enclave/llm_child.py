@@ -52,7 +52,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--network", choices=("isolate", "best-effort", "inherit"), default="best-effort")
     parser.add_argument("--max-context", type=int, default=2048)
     parser.add_argument("--head-dim", type=int, default=0, help="attention head size when the graph leaves it symbolic")
+    parser.add_argument("--parent-pid", type=int, default=0, help="die with this parent (PR_SET_PDEATHSIG)")
     args = parser.parse_args(argv)
+    if args.parent_pid:
+        rc._die_with_parent(args.parent_pid)
 
     stdin = sys.stdin.buffer
     proto = os.fdopen(os.dup(1), "wb", buffering=0)

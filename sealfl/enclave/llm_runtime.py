@@ -152,9 +152,10 @@ class _Child(SandboxedRuntime):
         super().__init__(model_bytes, **kw)
 
     def _command(self, memory_limit_bytes: int, intra_op_threads: int, network: str) -> list[str]:
-        return [sys.executable, "-I", os.path.abspath(_llm_child.__file__), "--memory-limit",
-                str(int(memory_limit_bytes)), "--threads", str(int(intra_op_threads)), "--network", network,
-                "--max-context", str(self._max_context), "--head-dim", str(self._head_dim)]
+        cmd = [sys.executable, "-I", os.path.abspath(_llm_child.__file__), "--memory-limit",
+               str(int(memory_limit_bytes)), "--threads", str(int(intra_op_threads)), "--network", network,
+               "--max-context", str(self._max_context), "--head-dim", str(self._head_dim)]
+        return cmd + self._parent_args()
 
 
 class LLMRuntime:
@@ -169,6 +170,9 @@ class LLMRuntime:
             the template).
         memory_limit_bytes, timeout_s, start_timeout_s, intra_op_threads, network: as for
             :class:`~sealfl.common.sandbox.SandboxedRuntime`.
+        die_with_parent: the child gets ``PR_SET_PDEATHSIG`` (SIGKILL): it dies when the
+            thread that created this runtime exits -- create it on a thread that lives as
+            long as the runtime (a server's main thread).
 
     Raises:
         RuntimeSandboxError: the child could not load the model.
@@ -178,7 +182,7 @@ class LLMRuntime:
     def __init__(self, model_bytes: bytes, tokenizer_json: bytes, chat_template: str, generation: Mapping, *,
                  memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES, timeout_s: float = 60.0,
                  start_timeout_s: float = 120.0, intra_op_threads: int | None = None,
-                 network: str = "best-effort") -> None:
+                 network: str = "best-effort", die_with_parent: bool = False) -> None:
         from tokenizers import Tokenizer
 
         try:
@@ -201,7 +205,7 @@ class LLMRuntime:
         self._child = _Child(model_bytes, max_context=self.max_context, head_dim=head_dim,
                              memory_limit_bytes=memory_limit_bytes,
                              timeout_s=timeout_s, start_timeout_s=start_timeout_s, intra_op_threads=threads,
-                             network=network)
+                             network=network, die_with_parent=die_with_parent)
         self.pid = self._child.pid
         self.network = self._child.network
         self._lock = threading.Lock()
@@ -223,11 +227,14 @@ class LLMRuntime:
     # -- generation -----------------------------------------------------------------------
 
     def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
-                 on_text: Callable[[str], bool | None] | None = None) -> GenerationResult:
+                 on_text: Callable[[str], bool | None] | None = None,
+                 on_token: Callable[[int], None] | None = None) -> GenerationResult:
         """Generate a continuation of ``prompt`` (text, or token ids).
 
         ``on_text(piece)`` is called with each new piece of text; returning False stops the
-        generation (finish reason ``"cancelled"``).
+        generation (finish reason ``"cancelled"``). ``on_token(n)`` is called as each
+        generated token arrives from the child, ``n`` = tokens generated so far (for
+        latency and KV-cache accounting; it cannot stop the generation).
 
         Raises:
             ValueError: empty prompt, or prompt + max_tokens beyond the context limit.
@@ -240,9 +247,9 @@ class LLMRuntime:
         if len(ids) >= self.max_context:
             raise ValueError(f"the prompt has {len(ids)} tokens; the context limit is {self.max_context}")
         with self._lock:
-            return self._generate(ids, params, on_text)
+            return self._generate(ids, params, on_text, on_token)
 
-    def _generate(self, ids, params, on_text) -> GenerationResult:
+    def _generate(self, ids, params, on_text, on_token) -> GenerationResult:
         child = self._child
         t0 = time.perf_counter()
         first = None
@@ -263,6 +270,8 @@ class LLMRuntime:
                     raise child.fail(f"sent a generation reply without a token: {reply}")
                 first = first if first is not None else time.perf_counter() - t0
                 out.append(tok)
+                if on_token is not None:
+                    on_token(len(out))
                 if reply.get("eos"):
                     finish = "stop"
                 text = self.decode(out)

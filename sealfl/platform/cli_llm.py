@@ -77,6 +77,48 @@ def register(app: typer.Typer, device_app: typer.Typer, console, err, fail, stop
         if code:
             raise typer.Exit(code)
 
+    @device_app.command("serve")
+    def device_serve(
+        release_dir: Path = typer.Option(..., "--release", "-r", help="Release directory to boot."),
+        trust: Path = typer.Option(..., "--trust", "-t", help="Pinned trust anchors directory."),
+        state: Path = typer.Option(..., "--state", "-s", help="Device state directory."),
+        host: str = typer.Option("127.0.0.1", help="Address to bind (loopback unless you mean otherwise)."),
+        port: int = typer.Option(8000, min=0, max=65535, help="TCP port (0: a free one, see --port-file)."),
+        port_file: Optional[Path] = typer.Option(None, help="Write the bound port here once listening."),
+        max_concurrent: int = typer.Option(1, min=1, max=16, help="Requests generating at once; one sandboxed "
+                                           "child per slot; beyond it: 429 with Retry-After."),
+        max_body_bytes: int = typer.Option(1 << 20, min=1024, max=64 << 20, help="Largest request body (400 "
+                                           "beyond)."),
+        threads: Optional[int] = typer.Option(None, min=1, max=64, help="onnxruntime threads per slot "
+                                              "(default: cores / slots)."),
+        variant: Optional[str] = typer.Option(None, help="Model variant of the release (default: its default, int4)."),
+    ) -> None:
+        """Verify and boot a causal-LM release as 'device boot' does, then serve it over an
+        OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models) with
+        /health and /metrics. Runs until SIGINT/SIGTERM (exit 130/143). A refused release
+        falls back to the last good one; with none, exit 2 (/health never answered 200)."""
+        import dataclasses
+
+        from sealfl.common.errors import SealflError
+        from sealfl.enclave.errors import BootError
+        from sealfl.enclave.openai_api import DEFAULT_LIMITS
+        from sealfl.enclave.serve import EXIT_REFUSED, ServeOptions, run_server
+
+        from .errors import Interrupted
+
+        opts = ServeOptions(host=host, port=port, max_concurrent=max_concurrent, variant=variant,
+                            port_file=port_file, threads=threads,
+                            limits=dataclasses.replace(DEFAULT_LIMITS, max_body_bytes=max_body_bytes))
+        try:
+            run_server(trust, release_dir, state, opts, say=lambda m: err.print(m, soft_wrap=True, markup=False,
+                                                                                highlight=False))
+        except Interrupted as exc:
+            stopped(exc)
+        except BootError as exc:
+            fail(f"nothing is served: {exc}", EXIT_REFUSED)
+        except (SealflError, OSError) as exc:
+            fail(str(exc))
+
     @app.command("llm-demo")
     def llm_demo(
         out: Path = typer.Option(Path("llm-out"), "--out", "-o", help="Output directory (replaced if it holds an "

@@ -9,7 +9,9 @@ manuals of the Python documentation, end to end, in stages with a progress displ
    partners score base / fp32 / INT4 / INT8 on their held-out text, gate, canary, sign;
 4. device: ``sealfl device generate`` in a separate process (verify, boot the sandboxed
    runtime, canary, answer a question); its peak RSS (process tree, sampled every 50 ms)
-   and first-token time are recorded.
+   and first-token time are recorded; then ``sealfl device serve`` on a free loopback port
+   answers ``CHAT_QUESTION`` through ``POST /v1/chat/completions`` (report ``chat``) and
+   is stopped with SIGTERM.
 
 Defaults (3 rounds x 6 steps at lr 4e-3, 128-token blocks, 8 held-out blocks per partner) are chosen
 to finish within 25 minutes on 2 cores; ``report.json`` records what ran and how long
@@ -40,8 +42,10 @@ from ..release import provision_release_enclave, release, trust_dir
 __all__ = ["run_llm_demo", "SAMPLE_PROMPT"]
 
 MARKER = ".sealfl-llm-demo"
-OWNED = {MARKER, "consortium", "campaign", "release", "device-state", "report.json", "device.log"}
+OWNED = {MARKER, "consortium", "campaign", "release", "device-state", "report.json", "device.log", "serve.log",
+         "serve.port"}
 SAMPLE_PROMPT = "How do I open a file and read it line by line in Python?"
+CHAT_QUESTION = "What is the difference between a list and a tuple in Python?"
 
 
 def _prepare(out: Path) -> None:
@@ -100,6 +104,72 @@ def run_device(trust: Path, release_dir: Path, state: Path, prompt: str, log_pat
         proc.wait()
     return {"answer": answer, "exit_code": proc.returncode, "seconds": time.perf_counter() - t0,
             "peak_rss_bytes": peak, "log": log_path.read_text(errors="replace").strip()[-2000:]}
+
+
+def _http_json(url: str, body: dict | None = None, timeout: float = 300.0) -> tuple[int, dict]:
+    import urllib.error
+    import urllib.request
+
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def run_serve_chat(trust: Path, release_dir: Path, state: Path, question: str, out: Path,
+                   timeout_s: float = 600.0) -> dict:
+    """``sealfl device serve`` in a child process on a free loopback port: wait for
+    ``/health`` 200, ask ``question`` through ``POST /v1/chat/completions`` (greedy, 96
+    tokens), stop the server with SIGTERM (by its pid) and return the question, answer,
+    usage, finish reason, wall time of the request and the server's exit code.
+
+    Raises:
+        PlatformError: the server exited, never became healthy or did not answer.
+    """
+    import signal
+    import urllib.error
+
+    port_file, log_path = out / "serve.port", out / "serve.log"
+    port_file.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "sealfl.platform.cli", "device", "serve", "--trust", str(trust), "--release",
+           str(release_dir), "--state", str(state), "--port", "0", "--port-file", str(port_file)]
+    with open(log_path, "wb") as logf:
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=logf)
+        try:
+            deadline = time.monotonic() + timeout_s
+            status = 0
+            while status != 200:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise PlatformError(f"device serve exited {proc.returncode} or never became healthy; see "
+                                        f"{log_path}")
+                if port_file.exists() and port_file.read_text().strip():
+                    url = f"http://127.0.0.1:{int(port_file.read_text())}"
+                    try:
+                        status, _ = _http_json(url + "/health", timeout=10)
+                    except (urllib.error.URLError, OSError, ValueError):
+                        status = 0
+                time.sleep(0.2)
+            t0 = time.perf_counter()
+            code, body = _http_json(url + "/v1/chat/completions",
+                                    {"messages": [{"role": "user", "content": question}], "max_tokens": 96,
+                                     "temperature": 0, "seed": 0}, timeout=timeout_s)
+            seconds = time.perf_counter() - t0
+            if code != 200:
+                raise PlatformError(f"/v1/chat/completions answered {code}: {body}")
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            try:
+                exit_code = proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                exit_code = proc.wait()
+    choice = body["choices"][0]
+    return {"question": question, "answer": choice["message"]["content"], "finish_reason": choice["finish_reason"],
+            "usage": body["usage"], "seconds": seconds, "server_exit_code": exit_code}
 
 
 def run_llm_demo(out: Path, *, rounds: int = 3, local_steps: int = 6, ray_address: str | None = None,
@@ -165,6 +235,11 @@ def run_llm_demo(out: Path, *, rounds: int = 3, local_steps: int = 6, ray_addres
     if dev["exit_code"] != 0 or not dev["answer"]:
         raise PlatformError(f"the device did not answer (exit code {dev['exit_code']}): {dev['log']}")
     console.print(f"[bold]Q:[/] {SAMPLE_PROMPT}\n[bold]A:[/] {dev['answer']}")
+    supervisor.check()
+    with console.status("sealfl device serve: POST /v1/chat/completions…"):
+        chat = run_serve_chat(trust_dir(cons), out / "release", out / "device-state", CHAT_QUESTION, out)
+    times["serve"] = time.perf_counter() - t0 - times["device"]
+    console.print(f"[bold]chat Q:[/] {CHAT_QUESTION}\n[bold]chat A:[/] {chat['answer']}")
     times["total"] = time.perf_counter() - t_all
 
     per = rep["per_partner"]
@@ -185,6 +260,7 @@ def run_llm_demo(out: Path, *, rounds: int = 3, local_steps: int = 6, ray_addres
         "trust": {"dir": str(trust_dir(cons))},
         "gate": rep["gate"],
         "sample": {"prompt": SAMPLE_PROMPT, "answer": dev["answer"]},
+        "chat": chat,
         "device": {"peak_rss_bytes": dev["peak_rss_bytes"], "seconds": dev["seconds"], "summary": dev["log"]},
         "server_has_secret_key": bool(camp.status.get("server_has_secret_key")),
         "time": {**times, **{k: v for k, v in rep["seconds"].items()}},
