@@ -20,7 +20,11 @@ pytestmark = pytest.mark.slow
 
 def test_kind_real_model_one_round_release_and_device_generate(tmp_path):
     assert locate_base_gguf().stat().st_size == BASE_MODEL.size
-    report = run_llm_demo(tmp_path / "llm-out", rounds=1, local_steps=1, eval_blocks=2)
+    # One AdamW step at the demo's lr 4e-3 moves every adapter entry by ~lr at once (Adam's
+    # first step is sign-like): that one-step model sat at INT8 perplexity ratio 1.048-1.054
+    # here, at the gate's 1.05, where a CPU with other int8 kernels could fall either side.
+    # A smoke run's model must sit well inside the gate, so it takes a small step.
+    report = run_llm_demo(tmp_path / "llm-out", rounds=1, local_steps=1, eval_blocks=2, lr=5e-4)
     saved = json.loads((tmp_path / "llm-out" / "report.json").read_text())
     assert saved["release"]["root_digest"] == report["release"]["root_digest"]
     for key in ("partners", "perplexity_before", "perplexity_after", "per_partner", "gate", "sample", "time"):

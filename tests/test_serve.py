@@ -148,6 +148,37 @@ def test_kind_health_models_and_plain_chat_name_the_verified_release(server, rel
     assert r.choices[0].finish_reason in ("stop", "length") and r.usage.completion_tokens <= 6
 
 
+@pytest.mark.parametrize("bad", ["", "a", "abc", "zz" * 4, "00" * 65, "aa b", "0x" + "00" * 4])
+def test_kind_attestation_nonce_that_is_not_1_to_64_hex_bytes_gets_400(server, bad):
+    r = httpx.get(server.url + "/attestation", params={"nonce": bad}, timeout=DEADLINE_S)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "nonce", r.text
+
+
+def test_kind_attestation_endpoint_evidence_verifies_for_its_nonce_only(server, release_root):
+    """GET /attestation on the serving device: the evidence verifies with the device's AK
+    for the verifier's nonce against a policy built here from independent measurements
+    (this process's hash of the runtime code, the trust directory, the served root), and
+    fails for any other nonce (a replay)."""
+    from sealfl.attestation.errors import QuoteError
+    from sealfl.attestation.eventlog import POLICY_SCHEMA, parse_policy, verify_evidence
+    from sealfl.attestation.keys import load_public_key
+    from sealfl.enclave.measure import measure_device_runtime
+    from sealfl.enclave.measured import device_public_key, measure_config
+
+    state = server.port_file.parent / "state"
+    root = server.health().json()["release"]["root_digest"]
+    nonce = os.urandom(32)
+    r = httpx.get(server.url + "/attestation", params={"nonce": nonce.hex()}, timeout=DEADLINE_S)
+    assert r.status_code == 200, r.text
+    policy = parse_policy({"schema": POLICY_SCHEMA, "backends": ["sim"],
+                           "runtime_code": [measure_device_runtime().hex()],
+                           "config": [measure_config(release_root / "trust").hex()], "release_root": [root]})
+    ak = load_public_key(device_public_key(state))
+    assert verify_evidence(r.json(), ak, nonce, policy).release_root == root
+    with pytest.raises(QuoteError, match="nonce"):
+        verify_evidence(r.json(), ak, os.urandom(32), policy)
+
+
 def test_kind_usage_counts_equal_the_tokenizers(server):
     """Prompt tokens: transformers' own apply_chat_template over the release's tokenizer and
     template (a second implementation of the rendering); completion tokens: max_tokens

@@ -2,7 +2,8 @@
 
 Same sandbox as :mod:`sealfl.common.sandbox_child` (whose protocol, limits and network
 isolation it reuses, imported by path from ``sealfl/common``): ``python -I``, minimal environment, cwd ``/``,
-``RLIMIT_AS``, no core dumps, an empty network namespace where the kernel allows it,
+``RLIMIT_AS``, no core dumps, an empty network namespace where the kernel allows it (else a
+seccomp filter denying ``socket()``),
 protocol on a private dup of stdout. It imports only the standard library, numpy,
 onnxruntime and :mod:`sealfl.common.llm_decode` (by path, like the sandbox child); never
 torch, tokenizers or sealfl. The model arrives as bytes over the pipe (never a path) and is loaded with
@@ -68,6 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     network = "inherited"
     if args.network != "inherit":
         network = rc._isolate_network()
+        if network.startswith("unavailable"):  # no namespace: a seccomp filter denying socket()
+            denied = rc._deny_sockets()
+            network = denied if denied == "seccomp" else f"{network}; {denied}"
         if network.startswith("unavailable") and args.network == "isolate":
             send({"ok": False, "error": f"SandboxError: network isolation required but {network}"})
             return 2

@@ -62,7 +62,8 @@ RELEASE_ENCLAVE_MODULES: tuple[str, ...] = ATTESTATION_MODULES + tuple(
 DEVICE_RUNTIME_MODULES: tuple[str, ...] = ATTESTATION_MODULES + tuple(
     f"sealfl.enclave.{m}"
     for m in ("__init__", "acceptance", "at_rest", "device", "errors", "inputs", "llm_boot", "llm_child", "llm_runtime",
-              "doctor", "measure", "measured", "provision", "sim", "slots", "tee", "tpm", "tpm_tools")
+              "doctor", "measure", "measured", "provision", "sim", "slots", "tee", "tpm", "tpm_tools",
+              "openai_api", "serve", "serve_app", "serve_metrics", "serve_state")
 ) + ("sealfl.common.sandbox", "sealfl.common.sandbox_child", "sealfl.common.llm_decode", "sealfl.common.testpoints") + tuple(
     f"sealfl.kbs.{m}" for m in ("__init__", "atrest", "client", "errors", "wrap"))
 

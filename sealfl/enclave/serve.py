@@ -200,7 +200,7 @@ def run_server(trust: Path, release_dir: Path, state_dir: Path, opts: ServeOptio
         raise ValueError(f"max_concurrent must lie in [1, 16], got {opts.max_concurrent}")
     state: ServeState
     metrics = ServeMetrics(opts.max_concurrent, worker_pids=lambda: state.worker_pids())
-    state = ServeState(opts.max_concurrent, metrics)
+    state = ServeState(opts.max_concurrent, metrics, state_dir=str(state_dir))
     sock = _bind(opts.host, opts.port)
     port = sock.getsockname()[1]
     app = create_app(state, opts.limits)

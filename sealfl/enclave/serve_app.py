@@ -8,6 +8,10 @@ Routes:
   root_digest, variant, statement_digest}}``;
 * ``GET /metrics`` -- Prometheus text format (:mod:`sealfl.enclave.serve_metrics`);
 * ``GET /v1/models`` -- the one verified release;
+* ``GET /attestation?nonce=HEX`` -- the device's evidence for the verifier's nonce (1..64
+  bytes): quote, PCR values and event log (:func:`sealfl.enclave.measured.attest_device`;
+  checked by ``sealfl attest verify``); 400 naming ``nonce`` for a bad one, 503 while no
+  verified model serves or when the TEE cannot quote;
 * ``POST /v1/chat/completions`` and ``POST /v1/completions`` -- plain JSON, or server-sent
   events (``stream: true``) of ``chat.completion.chunk`` / ``text_completion`` objects
   ending with ``data: [DONE]`` (OpenAI's API reference, "Streaming").
@@ -150,6 +154,21 @@ async def _read_body(request, cap: int) -> bytes:
     return b"".join(parts)
 
 
+def parse_nonce(value: str) -> bytes:
+    """The ``nonce`` query parameter of ``GET /attestation``: hex of 1..64 bytes.
+
+    Raises:
+        APIRequestError: (400, param ``nonce``) not hex, odd length, empty or over 64 bytes.
+    """
+    if (not isinstance(value, str) or not 2 <= len(value) <= 128 or len(value) % 2
+            or any(c not in "0123456789abcdefABCDEF" for c in value)):
+        raise APIRequestError("nonce: must be 2..128 hex digits (1..64 bytes)", param="nonce", code="invalid_value")
+    try:
+        return bytes.fromhex(value)
+    except ValueError:
+        raise APIRequestError("nonce: must be hex digits", param="nonce", code="invalid_value") from None
+
+
 def create_app(state: ServeState, limits: APILimits = DEFAULT_LIMITS):
     """The FastAPI application over ``state`` (module docstring)."""
     app = FastAPI(title="sealfl device", docs_url=None, redoc_url=None, openapi_url=None)
@@ -177,6 +196,25 @@ def create_app(state: ServeState, limits: APILimits = DEFAULT_LIMITS):
         return {"object": "list", "data": [{"id": r.name, "object": "model", "created": 0, "owned_by": "sealfl",
                                             "version": r.version, "root_digest": r.root_digest,
                                             "variant": r.variant}]}
+
+    @app.get("/attestation")
+    async def attestation(nonce: str = ""):
+        try:
+            raw = parse_nonce(nonce)
+            if not state.serving():
+                raise APIRequestError("no verified model is loaded yet; retry when /health answers 200", param=None,
+                                      code="model_not_loaded", status=503, type="server_error")
+        except APIRequestError as exc:
+            return _error_response(exc)
+        from .errors import EnclaveError as _EnclaveError
+        from .measured import attest_device
+
+        try:  # the TEE calls block (tpm2-tools processes): off the event loop
+            return await asyncio.get_running_loop().run_in_executor(None, attest_device, state.state_dir, raw)
+        except _EnclaveError as exc:
+            log.warning("attestation for nonce %s failed: %s", nonce[:16], exc)
+            return _error_response(APIRequestError(f"the device cannot attest: {exc}", param=None,
+                                                   code="attestation_failed", status=503, type="server_error"))
 
     async def generate(request: Request, endpoint: str):
         t_arrival = time.perf_counter()

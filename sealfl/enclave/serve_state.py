@@ -66,10 +66,12 @@ class ServeState:
         release: the served release (None until ready).
         slots: the slots (empty until ready).
         max_context: the release's context limit, tokens.
+        state_dir: the device state directory (``GET /attestation`` quotes its TEE).
     """
 
     max_concurrent: int
     metrics: ServeMetrics
+    state_dir: str = ""
     status: str = "loading"
     error: str = ""
     release: ReleaseInfo | None = None

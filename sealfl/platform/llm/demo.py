@@ -173,9 +173,11 @@ def run_serve_chat(trust: Path, release_dir: Path, state: Path, question: str, o
 
 
 def run_llm_demo(out: Path, *, rounds: int = 3, local_steps: int = 6, ray_address: str | None = None,
-                 console: Console | None = None, eval_blocks: int = 8) -> dict:
+                 console: Console | None = None, eval_blocks: int = 8, lr: float | None = None) -> dict:
     """Run the LLM demo into ``out``; returns the report (also ``out/report.json``).
     ``eval_blocks``: held-out blocks of 128 tokens each partner scores (evaluation and gate).
+    ``lr``: partners' AdamW learning rate (None: the task's default,
+    :meth:`CausalLMTask.train_defaults`).
 
     Raises:
         PlatformError: ``out`` holds something other than an earlier LLM demo, or the
@@ -205,7 +207,8 @@ def run_llm_demo(out: Path, *, rounds: int = 3, local_steps: int = 6, ray_addres
     t0 = time.perf_counter()
     camp = run_campaign_with_progress(
         CampaignSpec(str(cons.dir), str(out / "campaign"), rounds=rounds, local_epochs=local_steps,
-                     ray_address=ray_address, timeout_s=1800.0, extra={"eval-blocks": int(eval_blocks)}), console)
+                     ray_address=ray_address, timeout_s=1800.0, extra={"eval-blocks": int(eval_blocks),
+                                                              **({"lr": float(lr)} if lr is not None else {})}), console)
     times["campaign"] = time.perf_counter() - t0
     history = [{"round": r["round"], "next_token_accuracy": r.get("pooled_test_accuracy"),
                 "seconds": r.get("round_seconds")} for r in camp.rounds]
@@ -248,6 +251,7 @@ def run_llm_demo(out: Path, *, rounds: int = 3, local_steps: int = 6, ray_addres
         "partners": cons.partners,
         "rounds": len(camp.rounds),
         "settings": {**task.train_defaults(), "local-steps": local_steps, "eval-blocks": int(eval_blocks),
+                     **({"lr": float(lr)} if lr is not None else {}),
                      "lora": task.spec.to_dict(), "adapter_values": task.n_params},
         "perplexity_before": rep["perplexity"]["before"],
         "perplexity_after": rep["perplexity"]["after"],
