@@ -13,6 +13,8 @@ if ! command -v apt-get >/dev/null 2>&1 || ! command -v dpkg-deb >/dev/null 2>&1
     echo "install-promtool: no apt-get/dpkg-deb; put Prometheus's promtool into $DEST" >&2
     exit 1
 fi
+mkdir -p "$DEST"
+DEST="$(cd "$DEST" && pwd)"   # absolute: the work below happens in a temporary directory
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 cd "$TMP"
@@ -20,5 +22,4 @@ apt-get download -q prometheus >/dev/null 2>&1 || { apt-get update -q >/dev/null
 dpkg-deb --fsys-tarfile prometheus_*.deb | tar -xO ./usr/bin/promtool > promtool
 chmod 0755 promtool
 ./promtool --version >/dev/null 2>&1
-mkdir -p "$DEST"
 mv promtool "$DEST/promtool"
