@@ -131,6 +131,21 @@ def _isolate_network() -> str:
     return f"unavailable: {os.strerror(ctypes.get_errno())}"
 
 
+def apply_network_mode(mode: str) -> str:
+    """The child's network for ``--network mode`` (``inherit``, ``best-effort``, ``isolate``,
+    ``seccomp``): an empty network namespace, else (or for ``seccomp`` only) the filter of
+    :func:`_deny_sockets`. Returns what is active (``"inherited"``, ``"netns"``, ...,
+    ``"seccomp"``) or ``"unavailable: <why>"``; the caller decides whether that is fatal.
+    Shared by this child and :mod:`sealfl.enclave.llm_child`."""
+    if mode == "inherit":
+        return "inherited"
+    network = _isolate_network() if mode != "seccomp" else "unavailable: not tried"
+    if network.startswith("unavailable"):
+        denied = _deny_sockets()
+        network = denied if denied == "seccomp" else f"{network}; {denied}"
+    return network
+
+
 #: seccomp (Linux ``seccomp(2)``, ``linux/filter.h``): audit arch and socket() number per machine.
 _SECCOMP_ARCH = {"x86_64": (0xC000003E, 41), "aarch64": (0xC00000B7, 198)}
 
@@ -222,15 +237,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for chunk in encode_message(header, blobs):
             proto.write(chunk)
 
-    network = "inherited"
-    if args.network != "inherit":
-        network = _isolate_network() if args.network != "seccomp" else "unavailable: not tried"
-        if network.startswith("unavailable"):
-            denied = _deny_sockets()
-            network = denied if denied == "seccomp" else f"{network}; {denied}"
-        if network.startswith("unavailable") and args.network in ("isolate", "seccomp"):
-            send({"ok": False, "error": f"SandboxError: network isolation required but {network}"})
-            return 2
+    network = apply_network_mode(args.network)
+    if network.startswith("unavailable") and args.network in ("isolate", "seccomp"):
+        send({"ok": False, "error": f"SandboxError: network isolation required but {network}"})
+        return 2
     _set_limits(args.memory_limit)
     read_exact = _reader(stdin)
     cap = args.memory_limit or (1 << 40)

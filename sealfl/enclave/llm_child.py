@@ -66,15 +66,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for chunk in rc.encode_message(header, blobs):
             proto.write(chunk)
 
-    network = "inherited"
-    if args.network != "inherit":
-        network = rc._isolate_network()
-        if network.startswith("unavailable"):  # no namespace: a seccomp filter denying socket()
-            denied = rc._deny_sockets()
-            network = denied if denied == "seccomp" else f"{network}; {denied}"
-        if network.startswith("unavailable") and args.network == "isolate":
-            send({"ok": False, "error": f"SandboxError: network isolation required but {network}"})
-            return 2
+    network = rc.apply_network_mode(args.network)  # no namespace: a seccomp filter denying socket()
+    if network.startswith("unavailable") and args.network == "isolate":
+        send({"ok": False, "error": f"SandboxError: network isolation required but {network}"})
+        return 2
     rc._set_limits(args.memory_limit)
     read_exact = rc._reader(stdin)
     cap = args.memory_limit or (1 << 40)
