@@ -39,6 +39,8 @@ for path in sys.argv[1:]:
     def empty(): return {f"past_key_values.{i}.{kv}": np.zeros((1, 3, 0, 64), np.float32) for i in range(L) for kv in ("key", "value")}
     def run(ids, past, total):
         feed = {"input_ids": np.asarray(ids, np.int64)[None], "attention_mask": np.ones((1, total), np.int64), **past}
+        if "logits_start" in [x.name for x in s.get_inputs()]:  # releases since sealfl.platform.llm.head
+            feed["logits_start"] = np.zeros(1, np.int64)
         out = s.run(None, feed)
         names = [x.name for x in s.get_outputs()]
         d = dict(zip(names, out))

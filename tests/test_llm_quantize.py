@@ -138,3 +138,27 @@ def test_kind_a_graph_without_logits_is_not_quantised():
         quantize_llm(helper.make_model(g), "int4")
     with pytest.raises(QuantizeError, match="scheme"):
         quantize_llm(helper.make_model(g), "int3")
+
+
+@pytest.mark.parametrize("scheme", ["fp32", "int4", "int8"])
+def test_kind_last_position_logits_equal_the_last_row_of_all_positions(scheme):
+    """``logits_start`` (sealfl.platform.llm.head): not fed, the graph returns every
+    position (the gate's scoring); fed [-1], one row -- torch's last row for fp32, and the
+    last row of the all-positions run for the quantised graphs (the head works row by row),
+    with the KV cache continuing identically after either."""
+    b = tiny_bundle()
+    ids = encode(TEXTS[1] + " " + TEXTS[0])
+    ref = torch_logits(b.model, ids)
+    model = tiny_fp32_onnx() if scheme == "fp32" else quantize_llm(tiny_fp32_onnx(), scheme)
+    sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    assert "logits_start" in [i.name for i in sess.get_inputs()]
+    full, last = KVDecoder(sess, head_dim=HEAD_DIM), KVDecoder(sess, head_dim=HEAD_DIM)
+    all_rows = full.feed(ids[:-1])
+    one_row = last.feed(ids[:-1], last_only=True)
+    assert all_rows.shape == (len(ids) - 1, ref.shape[1]) and one_row.shape == (1, ref.shape[1])
+    scale = float(np.abs(all_rows).max())
+    np.testing.assert_allclose(one_row[0], all_rows[-1], atol=1e-4 * scale + 1e-6)
+    if scheme == "fp32":
+        np.testing.assert_allclose(one_row[0], ref[len(ids) - 2], atol=1e-4)
+    np.testing.assert_allclose(last.feed(ids[-1:], last_only=True)[0], full.feed(ids[-1:])[0],
+                               atol=1e-4 * scale + 1e-6)

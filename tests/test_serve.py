@@ -85,6 +85,7 @@ class Server:
                  args: tuple = ()) -> None:
         self.port_file = tmp / "port"
         self.log = tmp / "serve.log"
+        self.port_file.unlink(missing_ok=True)  # a port file from an earlier server on this state is stale
         cmd = [sys.executable, "-m", "sealfl.platform.cli", "device", "serve", "--trust", str(root / "trust"),
                "--release", str(release or root / "release"), "--state", str(tmp / "state"), "--port", "0",
                "--port-file", str(self.port_file), *args]
@@ -438,3 +439,42 @@ def test_kind_a_tampered_release_is_never_served(release_root, tmp_path):
     log = s.log.read_text()
     assert code == 2 and 200 not in seen, (code, seen, log)
     assert "tokenizer.json" in log and "hash" in log and "nothing is served" in log
+
+
+def test_kind_a_refused_update_keeps_serving_the_last_good_release(release_root, tmp_path):
+    """v1 is served once, so the device state records it as last good. Then v2 -- signed by
+    the same enclave, one byte of its tokenizer flipped -- is offered to the same device.
+    The server refuses v2, counts the verification failure, and serves v1: the root digest
+    the state recorded, answering chat requests."""
+    from llm_tiny import tiny_release_files
+    from sealfl.enclave.release_enclave import ReleaseEnclave
+
+    first = Server(release_root, tmp_path)
+    try:
+        v1 = first.wait_ready()["release"]
+    finally:
+        code, log, _ = first.stop()
+    assert code == 143, log
+    state_file = tmp_path / "state" / "state.json"
+    good_root = json.loads(state_file.read_text())["last_good"]["root_digest"]
+    assert v1["version"] == 1 and v1["root_digest"] == good_root
+
+    payload, metadata = tiny_release_files()
+    v2_dir = tmp_path / "release-v2"
+    ReleaseEnclave.open(release_root / "enclave").write_release(v2_dir, payload, "tiny-llm", 2, metadata)
+    data = bytearray((v2_dir / "tokenizer.json").read_bytes())
+    data[len(data) // 3] ^= 0x01
+    (v2_dir / "tokenizer.json").write_bytes(bytes(data))
+
+    second = Server(release_root, tmp_path, release=v2_dir)
+    try:
+        h = second.wait_ready()
+        assert h["release"]["version"] == 1 and h["release"]["root_digest"] == good_root
+        assert second.metric("sealfl_llm_model_verification_failures_total") == 1
+        r = second.client.chat.completions.create(model=v1["name"], messages=MESSAGES, max_tokens=4, seed=1)
+        assert r.usage.completion_tokens >= 1 and r.choices[0].finish_reason in ("length", "stop")
+    finally:
+        code, log, _ = second.stop()
+    assert code == 143, log
+    assert "refused" in log and "tokenizer.json" in log and "kept the last good release v1" in log, log
+    assert json.loads(state_file.read_text())["last_good"]["root_digest"] == good_root

@@ -141,6 +141,9 @@ class KVDecoder:
                              f"got {shape} and head_dim {head_dim!r}")
         self.kv_heads, self.head_dim = int(shape[1]), int(head_dim)
         self.output_names = [o.name for o in session.get_outputs()]
+        # releases built since the logits_start input (sealfl.platform.llm.head) let the
+        # caller skip the head for all but the last position; older graphs compute them all
+        self.has_logits_start = "logits_start" in ins
         self.present_for = {n: n.replace("past_key_values.", "present.") for n in self.past_names}
         missing = [p for p in self.present_for.values() if p not in self.output_names]
         if missing:
@@ -153,8 +156,10 @@ class KVDecoder:
         self.past = {n: empty for n in self.past_names}
         self.length = 0
 
-    def feed(self, ids) -> np.ndarray:
-        """Append token ids to the sequence; return their logits, float32 (len(ids), vocab).
+    def feed(self, ids, last_only: bool = False) -> np.ndarray:
+        """Append token ids to the sequence; return their logits, float32 (len(ids), vocab),
+        or (1, vocab) for the last id only with ``last_only`` (the graph then computes the
+        head for that position alone when it has the ``logits_start`` input).
 
         Raises:
             ValueError: no ids, an id outside int64, or the context would exceed ``max_context``.
@@ -166,10 +171,15 @@ class KVDecoder:
             raise ValueError(f"context of {self.length + arr.shape[1]} tokens exceeds the limit of {self.max_context}")
         total = self.length + arr.shape[1]
         feed = {"input_ids": arr, "attention_mask": np.ones((1, total), dtype=np.int64), **self.past}
+        if self.has_logits_start:
+            feed["logits_start"] = np.array([-1 if last_only else 0], dtype=np.int64)
         out = dict(zip(self.output_names, self.session.run(self.output_names, feed)))
         self.past = {n: out[p] for n, p in self.present_for.items()}
         self.length = total
-        return out["logits"][0]
+        logits = out["logits"][0]
+        if logits.shape[0] != (1 if last_only and self.has_logits_start else arr.shape[1]):
+            raise ValueError(f"the model returned logits for {logits.shape[0]} positions, fed {arr.shape[1]}")
+        return logits[-1:] if last_only else logits
 
     def teacher_forced(self, ids, prefill: int) -> np.ndarray:
         """Logits for every position of ``ids`` computed as a device does: one prefill call

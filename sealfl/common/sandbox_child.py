@@ -34,7 +34,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 __all__ = ["MAX_HEADER_BYTES", "FORBIDDEN_MODULES", "encode_message", "read_message",
-           "array_to_bytes", "bytes_to_array", "main"]
+           "array_to_bytes", "bytes_to_array", "release_model_bytes", "trim_heap", "main"]
 
 MAX_HEADER_BYTES = 1 << 20
 #: Top-level packages that must never be loaded in the child (device installs lack them).
@@ -218,6 +218,34 @@ def _io_meta(nodes) -> list[dict]:
              "type": n.type} for n in nodes]
 
 
+def trim_heap() -> None:
+    """Hand freed heap memory back to the OS (glibc ``malloc_trim(0)``); a no-op elsewhere.
+
+    Large ``bytes`` freed by Python go back at once (mmap'd), but onnxruntime's and
+    protobuf's freed pieces stay in the malloc arenas and keep counting as resident
+    memory: measured on the INT4 SmolLM2 release, ~75 MB of the child's ~330 MB."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+def release_model_bytes(session) -> None:
+    """Drop the model bytes an ``onnxruntime.InferenceSession`` keeps, then :func:`trim_heap`.
+
+    onnxruntime's Python ``InferenceSession`` holds the bytes it was built from in
+    ``_model_bytes`` only to re-create the session on an execution-provider fallback
+    (``onnxruntime/capi/onnxruntime_inference_collection.py``, whose comment reads "This is
+    bad as we're holding the memory indefinitely"); the CPU provider has no fallback. For
+    the 125 MB INT4 SmolLM2 release the child's resident memory after load falls from
+    ~515 MB to ~330 MB with both."""
+    if getattr(session, "_model_bytes", None) is not None:
+        session._model_bytes = None
+    trim_heap()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Child entry point; returns the process exit code (0 after shutdown/EOF, 2 on bad model)."""
     parser = argparse.ArgumentParser(description="sealfl sandboxed onnxruntime child")
@@ -255,6 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         options.inter_op_num_threads = 1
         session = ort.InferenceSession(blobs[0], options, providers=["CPUExecutionProvider"])
         del blobs
+        release_model_bytes(session)
     except EOFError:
         return 2
     except Exception as exc:  # noqa: BLE001 -- every failure goes back to the parent

@@ -87,6 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         options.inter_op_num_threads = 1
         session = ort.InferenceSession(blobs[0], options, providers=["CPUExecutionProvider"])
         del blobs
+        rc.release_model_bytes(session)
         decoder = dec.KVDecoder(session, max_context=args.max_context, head_dim=args.head_dim or None)
     except EOFError:
         return 2
@@ -142,7 +143,7 @@ def _generate(header, decoder, dec, np, send, read_exact, cap) -> str:
     rng = np.random.default_rng(params.seed)
     decoder.reset()
     try:
-        logits = decoder.feed(prompt)[-1]
+        logits = decoder.feed(prompt, last_only=True)[-1]
         for n in range(params.max_tokens):
             tok = dec.choose_token(logits, params, rng)
             last = tok in stop_ids or n + 1 == params.max_tokens or decoder.length + 1 > decoder.max_context
@@ -158,7 +159,7 @@ def _generate(header, decoder, dec, np, send, read_exact, cap) -> str:
                 return "shutdown"
             if msg.get("op") != "next":
                 raise ValueError(f"during a generation only next/stop/shutdown are allowed, got {msg.get('op')!r}")
-            logits = decoder.feed([tok])[-1]
+            logits = decoder.feed([tok], last_only=True)[-1]
         return "done"
     finally:
         decoder.reset()

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from sealfl.common.fsutil import atomic_write
+from sealfl.common.sandbox_child import trim_heap
 from sealfl.common.testpoints import check_environment, testpoint
 
 from .errors import BootError
@@ -145,11 +146,12 @@ def _boot(trust: Path, release_dir: Path, state_dir: Path, opts: ServeOptions, s
         state.status, state.error = "refused", f"release {dev.release.name} is not a causal LM"
         raise BootError(f"release {dev.release.name} is not a causal LM; 'device serve' serves language models",
                         reason="model")
-    release = _trimmed(dev.release, dev.llm_spec)
-    runtimes = [dev.runtime]
+    release, spec, runtimes = _trimmed(dev.release, dev.llm_spec), dev.llm_spec, [dev.runtime]
+    del dev  # the other variant's bytes (read for verification) go with it, before more slots load
+    trim_heap()
     try:
         for _ in range(opts.max_concurrent - 1):
-            rt, _, _ = boot_llm(release.payload, release.metadata, dev.llm_spec.variant, runtime_options)
+            rt, _, _ = boot_llm(release.payload, release.metadata, spec.variant, runtime_options)
             runtimes.append(rt)
         for rt in runtimes:
             _warm_up(rt)
@@ -157,7 +159,7 @@ def _boot(trust: Path, release_dir: Path, state_dir: Path, opts: ServeOptions, s
         for rt in runtimes:
             rt.close()
         raise
-    return release, dev.llm_spec, runtimes, runtime_options
+    return release, spec, runtimes, runtime_options
 
 
 def _warm_up(runtime) -> None:

@@ -54,14 +54,14 @@ def build_llm_canary(model_bytes: bytes, tokenizer_json: bytes, chat_template: s
     for q in prompts:
         ids = tok.encode(template.render([{"role": "user", "content": q}]), add_special_tokens=False).ids
         dec.reset()
-        logits = dec.feed(ids)[-1]
+        logits = dec.feed(ids, last_only=True)[-1]
         out = []
         for _ in range(new_tokens):
             t = choose_token(logits, greedy, rng)
             out.append(t)
             if t in eos:
                 break
-            logits = dec.feed([t])[-1]
+            logits = dec.feed([t], last_only=True)[-1]
         seq = list(ids) + out
         scores = dec.teacher_forced(seq, len(ids))
         vocab = scores.shape[1]

@@ -16,6 +16,9 @@ Measured here (SmolLM2-135M, 2 busy cores): the builder exports in ~16 s with ~2
 and its graph has no fused attention. The builder's own int4 path is not used (see
 :mod:`.quantize` for why); sealfl quantises the float32 graph itself.
 
+:func:`export_fp32` then adds the ``logits_start`` input (:mod:`.head`): a device asks for
+the last position's logits only.
+
 The builder runs in a child process with ``HF_HUB_OFFLINE=1``: it reads only the given
 directory; nothing is downloaded.
 """
@@ -31,6 +34,8 @@ import tempfile
 from pathlib import Path
 
 from sealfl.platform.errors import ReleaseError
+
+from .head import add_logits_start
 
 __all__ = ["ExportError", "builder_script", "save_hf_dir", "export_fp32"]
 
@@ -76,8 +81,8 @@ def save_hf_dir(model, tokenizer_json: bytes, chat_template: str, generation: di
 
 def export_fp32(model, tokenizer_json: bytes, chat_template: str, generation: dict, work_dir: str | os.PathLike,
                 timeout_s: float = EXPORT_TIMEOUT_S):
-    """Export ``model`` to float32 ONNX with a KV cache; return the ``onnx.ModelProto``
-    (external data loaded into memory).
+    """Export ``model`` to float32 ONNX with a KV cache and the ``logits_start`` input;
+    return the ``onnx.ModelProto`` (external data loaded into memory).
 
     Args:
         model: float32 ``LlamaForCausalLM`` (merged).
@@ -109,4 +114,6 @@ def export_fp32(model, tokenizer_json: bytes, chat_template: str, generation: di
     if proc.returncode != 0 or not (out / "model.onnx").is_file():
         raise ExportError(f"the ONNX export failed (exit code {proc.returncode}): {tail.strip()[-1500:]}")
     log.info("exported float32 ONNX with KV cache to %s", out)
-    return onnx.load(str(out / "model.onnx"), load_external_data=True)
+    proto = onnx.load(str(out / "model.onnx"), load_external_data=True)
+    add_logits_start(proto)
+    return proto
