@@ -34,5 +34,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+# Every bench/*.py (bench/run_all.py), one table, bench/results/summary.json (< 20 min here).
+bench: $(STAMP)
+	$(BIN)/python bench/run_all.py
+
 clean:
 	rm -rf $(VENV) demo-out llm-out .pytest_cache
