@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from sealfl.common.bfv import MAGIC, PACKED, WIDE, BFVCodec, BFVParams, pack, quantize, unpack
 from sealfl.common.errors import CiphertextError, SecretKeyMissingError
 
+from faults_partner import rescale_chunk
+
 #: Flower SecAgg+ defaults: clipping range 8, quantization range 2^22 -> step 16 / 2^22
 SECAGG_STEP = 16.0 / 2**22
 
@@ -98,6 +100,7 @@ def _frames(secret: BFVCodec, other: BFVCodec):
         "ckks-chunk": secret.frame(14, [ckks.ckks_vector(ck_ctx, [1.0] * 14).serialize()]),
         "garbage-chunk": secret.frame(14, [b"\x01" * 500]),
         "two-chunks": secret.frame(14, [chunk, chunk]),
+        "scale-2^30": secret.frame(14, [rescale_chunk(secret, chunk, 30)]),
     }
 
 

@@ -52,7 +52,7 @@ Frame layout (little-endian)::
     then n_chunks x ( u32 nbytes | nbytes of a TenSEAL BFVVector serialisation )
 
 What a frame from outside must satisfy before anything adds it (the hardening rules of
-issue 5, same order as :mod:`sealfl.common.he`): (1) size before parsing -- frame at
+issue 5, same order as the CKKS codec they were written for): (1) size before parsing -- frame at
 most :meth:`BFVParams.max_frame_bytes`, each chunk at most
 :attr:`BFVParams.max_chunk_bytes`; (2) header -- magic, version, the expected layout,
 this campaign's context id, the expected length and chunk count; (3) per chunk -- parses
@@ -181,6 +181,7 @@ class BFVParams:
 
 def _ts():
     import tenseal as ts  # lazily: devices never install tenseal
+    import tenseal.sealapi  # noqa: F401  registers SEAL's types (Modulus, ...) for the parameter checks
 
     return ts
 
@@ -442,6 +443,18 @@ class BFVCodec:
         length, chunks = self.split(blob, expected_length, layout)
         return self.load_chunks(chunks, length, layout)
 
+    def sum_chunk(self, i: int, chunks: Sequence[bytes], length: int, layout: Layout = PACKED) -> bytes:
+        """Add chunk ``i`` of several partners' frames (``chunks``, one per partner, each
+        already validated) without decrypting; returns the serialised sum. Parses one
+        chunk at a time into a running accumulator. Raises CiphertextError."""
+        acc = None
+        for c in chunks:
+            (v,) = self.load_chunks([c], length, layout, first=i)
+            acc = v if acc is None else acc + v
+        if acc is None:
+            raise CiphertextError("nothing to add")
+        return acc.serialize()
+
     def sum_frames(self, blobs: Sequence[bytes], expected_length: int, layout: Layout = PACKED) -> bytes:
         """Sum frames slot-wise without decrypting (no key needed), one chunk index at a
         time so only one partner's chunk per index is parsed at once. Raises
@@ -449,13 +462,8 @@ class BFVCodec:
         if not blobs:
             raise CiphertextError("nothing to add")
         split = [self.split(b, expected_length, layout)[1] for b in blobs]
-        out = []
-        for i in range(len(split[0])):
-            acc = None
-            for chunks in split:
-                (v,) = self.load_chunks([chunks[i]], expected_length, layout, first=i)
-                acc = v if acc is None else acc + v
-            out.append(acc.serialize())
+        out = [self.sum_chunk(i, [chunks[i] for chunks in split], expected_length, layout)
+               for i in range(len(split[0]))]
         return self.frame(expected_length, out, layout)
 
     def decrypt(self, blob: bytes, expected_length: int | None = None, layout: Layout = PACKED) -> np.ndarray:

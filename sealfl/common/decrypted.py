@@ -1,7 +1,14 @@
-"""What a key holder may do with a CKKS decryption before anything of it leaves: bound it
+"""What a key holder may do with a decryption before anything of it leaves: bound it
 and round it (pure NumPy; no TenSEAL).
 
-Why round: a CKKS decryption is the plaintext plus noise that depends on the secret key
+Since issue 9 the campaign codec is packed BFV (:mod:`sealfl.common.bfv`): its
+decryptions are exact fixed-point values, so they carry no noise at all. Partners encrypt
+their share ``(n_i / N) w_i`` (:func:`update_share`); key holders multiply the decrypted
+sum by N (:func:`share_to_sum`) before :func:`open_model`. The rounding below stays: it
+is cheap, keeps every published value on a fixed grid, and is what made CKKS
+decryptions safe to publish, should a CKKS codec be used again.
+
+Why round (CKKS): a CKKS decryption is the plaintext plus noise that depends on the secret key
 and the encryption randomness. Publishing decryptions at full precision lets an observer
 recover the secret key (Li and Micciancio, "On the Security of Homomorphic Encryption on
 Approximate Numbers", EUROCRYPT 2021, ePrint 2020/1533; SEAL's maintainers give the
@@ -41,7 +48,8 @@ import numpy as np
 
 from .errors import DecryptedValueError
 
-__all__ = ["DecryptBounds", "round_to_grid", "check_weight", "open_model", "open_stats", "round_metric"]
+__all__ = ["DecryptBounds", "round_to_grid", "check_weight", "update_share", "share_to_sum", "open_model", "open_stats",
+           "round_metric"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +97,26 @@ def check_weight(weight, max_total: int) -> int:
     if not math.isfinite(w) or w != math.floor(w) or not 1 <= w <= max_total:
         raise DecryptedValueError(f"aggregate weight {weight!r} is not a whole number of examples in [1, {max_total}]")
     return int(w)
+
+
+def update_share(params, n: int, declared_total: int) -> np.ndarray:
+    """What a partner encrypts for weighted FedAvg: ``(n / N) * params`` (float64), with
+    ``n`` its training rows and ``N`` the total the partners declared in the statistics
+    round (known to every partner from the global record). The shares of all partners
+    sum to the weighted average times ``W / N`` (W = rows of the accepted partners), so
+    the encrypted sum stays within the packed layout's ±8 whatever the number of
+    partners (:mod:`sealfl.common.bfv`). Raises DecryptedValueError for counts out of range."""
+    if not (isinstance(n, (int, np.integer)) and isinstance(declared_total, (int, np.integer))
+            and 1 <= n <= declared_total):
+        raise DecryptedValueError(f"cannot weight an update by {n!r} of {declared_total!r} rows")
+    return np.asarray(params, dtype=np.float64) * (int(n) / int(declared_total))
+
+
+def share_to_sum(decrypted_share, declared_total: int) -> np.ndarray:
+    """Key-holder side of :func:`update_share`: the decrypted ``Σ (n_i / N) w_i`` times
+    ``N`` gives ``Σ n_i w_i`` (float64), the input of :func:`open_model`. Exact: the
+    decrypted values are multiples of 2^-23 below 2^3 and N < 2^27."""
+    return np.asarray(decrypted_share, dtype=np.float64) * int(declared_total)
 
 
 def open_model(decrypted_sum, weight, bounds: DecryptBounds, max_total: int | None = None) -> np.ndarray:
