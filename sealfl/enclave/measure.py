@@ -52,8 +52,8 @@ ATTESTATION_MODULES: tuple[str, ...] = ("sealfl.common.errors", "sealfl.common.f
               "keys", "llm_canary", "manifest", "onnx_check", "quote", "reader", "release", "schema", "statement",
               "trust", "verify")
 )
-#: The release enclave = attestation code + TEE + release enclave + the HE key holder
-#: (``keyholder`` reads the sealed HE secret, so it is part of what the seal protects).
+#: The release enclave = attestation code + TEE + release enclave + the CKKS key holder
+#: (``keyholder`` reads the sealed CKKS secret, so it is part of what the seal protects).
 RELEASE_ENCLAVE_MODULES: tuple[str, ...] = ATTESTATION_MODULES + tuple(
     f"sealfl.enclave.{m}"
     for m in ("__init__", "errors", "keyholder", "measure", "release_enclave", "sim", "tee")

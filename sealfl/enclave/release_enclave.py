@@ -13,7 +13,7 @@ State directory (mode 0700)::
     tee/                  TEE backend state (see sealfl.enclave.sim)
     release_key.sealed    release private key (PKCS#8 PEM) sealed to PCR 16, mode 0600
     release_key.pub.pem   release public key
-    secrets/<name>.sealed further secrets sealed to the same policy (e.g. a HE secret context)
+    secrets/<name>.sealed further secrets sealed to the same policy (e.g. a CKKS secret context)
 """
 
 from __future__ import annotations
@@ -269,7 +269,7 @@ class ReleaseEnclave:
             "backend": self.backend,
         }
 
-    # -- sealed secrets (e.g. the HE secret context of the key holder) ----------------
+    # -- sealed secrets (e.g. the CKKS secret context of the key holder) ----------------
 
     def _secret_path(self, name: str) -> Path:
         if not isinstance(name, str) or not _SECRET_NAME.match(name):

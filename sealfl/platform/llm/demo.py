@@ -1,7 +1,7 @@
 """``sealfl llm-demo`` (``make llm-demo``): federated LoRA of SmolLM2-135M-Instruct on four
 manuals of the Python documentation, end to end, in stages with a progress display each:
 
-1. consortium with ``task = causal-lm`` (HE key ceremony, 4 partner kits, release enclave);
+1. consortium with ``task = causal-lm`` (CKKS key ceremony, 4 partner kits, release enclave);
 2. encrypted campaign on Ray: ``rounds`` rounds; each partner trains LoRA adapters for
    ``local_steps`` steps of 4 blocks of 128 tokens and sends E(n * adapters); the
    aggregator adds ciphertexts (``EncryptedFedAvg``);
@@ -118,7 +118,7 @@ def run_llm_demo(out: Path, *, rounds: int = 3, local_steps: int = 6, ray_addres
     times: dict[str, float] = {}
     t_all = time.perf_counter()
 
-    console.rule("[bold]1. consortium (task causal-lm): HE key ceremony, 4 partner kits, release enclave")
+    console.rule("[bold]1. consortium (task causal-lm): CKKS key ceremony, 4 partner kits, release enclave")
     t0 = time.perf_counter()
     from sealfl.clients.tasks import get_task
 
@@ -130,7 +130,7 @@ def run_llm_demo(out: Path, *, rounds: int = 3, local_steps: int = 6, ray_addres
     console.print(f"partners: {', '.join(cons.partners)}  ({times['consortium']:.1f} s)")
     supervisor.check()
 
-    console.rule(f"[bold]2. encrypted campaign: {rounds} rounds of LoRA + packed-BFV FedAvg on Ray "
+    console.rule(f"[bold]2. encrypted campaign: {rounds} rounds of LoRA + CKKS FedAvg on Ray "
                  f"({task.n_params:,} adapter values per partner)")
     t0 = time.perf_counter()
     camp = run_campaign_with_progress(
