@@ -1,18 +1,28 @@
-"""Benchmark: encrypted vs plaintext FedAvg rounds, same task, data and run (P2.heart, P3).
+"""Benchmark: encrypted vs plaintext FedAvg rounds, same task, data and run (P2, P3, P6).
 
-Two consortia of the 4 Fed-Heart-Disease hospitals are created in one temporary
-directory: one with the campaign codec (packed BFV, ``sealfl.common.bfv``) and one with
-the benchmark-only plaintext baseline (``sealfl.common.plain``: the same ClientApp and
-ServerApp, updates as float64 in clear; this script opts in for its own child processes
-only). Each runs the same campaign (Flower simulation on a local Ray, ``--rounds``
-rounds, all 4 partners required). Reported:
+For each configuration two consortia are created in one temporary directory: one with
+the campaign codec (packed BFV, ``sealfl.common.bfv``) and one with the benchmark-only
+plaintext baseline (``sealfl.common.plain``: the same ClientApp and ServerApp, shares as
+float64 in clear; this script opts in for its own child processes only). Both run the
+same campaign (Flower simulation on a local Ray, every partner required).
 
-- **P2.heart** = median round wall time (train + evaluate, from ``rounds.jsonl``)
-  encrypted / plaintext, rounds 2.. (round 1 includes Ray actor warm-up);
-- **P3.encrypted / P3.plaintext** = pooled test accuracy after the last round, beside
-  FLamby's published pooled 0.776 and FedAvg 0.654.
+| config | task | partners | rounds | gives |
+|---|---|---|---|---|
+| heart-4 | ``heart`` | 4 hospitals | 8 | P2.heart, P3.*, P6.ratio_4 |
+| lora-8 | ``bench-lora-8`` (460,800 values) | 8 | 3 | P2.lora |
+| heart-64 | ``bench-heart-64`` | 64 | 3 | P6.ratio_64 |
+| heart-256 | ``bench-heart-256`` | 256 | 2 | P6.ratio_256 |
 
-Run: ``.venv/bin/python bench/round_bench.py [--rounds 5]``. Writes ``bench/results/round.json``.
+- **P2** = median round wall time (train + evaluate, ``rounds.jsonl``) encrypted /
+  plaintext, leaving out round 1 (Ray actor warm-up) when there are more rounds;
+- **P3** = pooled test accuracy after the last round (heart-4), beside FLamby's
+  published pooled 0.776 and FedAvg 0.654;
+- **P6.ratio_N** = peak RSS of the coordinator (the worker process hosting the ServerApp
+  and Flower's simulation driver) encrypted / plaintext at N partners; round times at
+  each N are in ``round.json``.
+
+Run: ``.venv/bin/python bench/round_bench.py [--only heart-4,lora-8]``. Writes
+``bench/results/round.json``.
 """
 
 from __future__ import annotations
@@ -27,49 +37,78 @@ from pathlib import Path
 
 OUT = Path(__file__).parent / "results" / "round.json"
 FLAMBY = {"pooled": 0.776, "fedavg": 0.654}
+CONFIGS = {"heart-4": ("heart", 8), "lora-8": ("bench-lora-8", 3), "heart-64": ("bench-heart-64", 3),
+           "heart-256": ("bench-heart-256", 2)}
 
 
-def run(rounds: int) -> dict:
-    from sealfl.clients.data import HOSPITALS
+def _median_round(seconds: list[float]) -> float:
+    return statistics.median(seconds[1:] if len(seconds) > 1 else seconds)
+
+
+def run(only: list[str]) -> dict:
+    from sealfl.clients.tasks import get_task
     from sealfl.common import plain
     from sealfl.platform.campaign import CampaignSpec, run_campaign
     from sealfl.platform.consortium import create_consortium
 
     os.environ[plain.ENV] = plain.ENV_VALUE  # this process and its children only
-    out: dict = {"rounds": rounds, "flamby": FLAMBY, "runs": {}}
+    out: dict = {"flamby": FLAMBY, "configs": {}}
     with tempfile.TemporaryDirectory(prefix="sealfl-round-bench-") as d:
-        for label, params in (("encrypted", None), ("plaintext", plain.PlainParams())):
-            cons, _ = create_consortium(Path(d) / f"c-{label}", f"bench-{label}", list(HOSPITALS), params=params)
-            t0 = time.perf_counter()
-            res = run_campaign(CampaignSpec(str(cons.dir), str(Path(d) / f"camp-{label}"), rounds=rounds,
-                                            min_partners=len(HOSPITALS)))
-            recs = res.rounds
-            out["runs"][label] = {
-                "wall_seconds": time.perf_counter() - t0,
-                "round_seconds": [r["round_seconds"] for r in recs],
-                "aggregate_seconds": [r.get("aggregate_seconds") for r in recs],
-                "bytes_in_per_round": [r.get("ciphertext_bytes_in") for r in recs],
-                "pooled_test_accuracy": recs[-1]["pooled_test_accuracy"],
-            }
-    enc, pla = out["runs"]["encrypted"], out["runs"]["plaintext"]
-    tail = slice(1, None) if rounds > 1 else slice(None)
-    ratio = statistics.median(enc["round_seconds"][tail]) / statistics.median(pla["round_seconds"][tail])
-    out["summary"] = {"P2.heart": ratio, "P3.encrypted": enc["pooled_test_accuracy"],
-                      "P3.plaintext": pla["pooled_test_accuracy"]}
+        for name in only:
+            task_name, rounds = CONFIGS[name]
+            partners = list(get_task(task_name).partners)
+            cfg: dict = {"task": task_name, "partners": len(partners), "rounds": rounds}
+            for label, params in (("encrypted", None), ("plaintext", plain.PlainParams())):
+                cons, _ = create_consortium(Path(d) / f"c-{name}-{label}", f"bench-{label}", partners, params=params,
+                                            task=task_name)
+                t0 = time.perf_counter()
+                res = run_campaign(CampaignSpec(str(cons.dir), str(Path(d) / f"camp-{name}-{label}"), rounds=rounds,
+                                                min_partners=len(partners)))
+                recs = res.rounds
+                cfg[label] = {
+                    "wall_seconds": time.perf_counter() - t0,
+                    "round_seconds": [r["round_seconds"] for r in recs],
+                    "aggregate_seconds": [r.get("aggregate_seconds") for r in recs],
+                    "bytes_in_per_round": recs[-1].get("ciphertext_bytes_in"),
+                    "pooled_test_accuracy": recs[-1]["pooled_test_accuracy"],
+                    "coordinator_peak_rss_bytes": res.coordinator_peak_rss_bytes,
+                }
+                print(f"[round_bench] {name} {label}: rounds {['%.2f' % x for x in cfg[label]['round_seconds']]} s, "
+                      f"coordinator peak RSS {(res.coordinator_peak_rss_bytes or 0) / 2**20:.0f} MiB", flush=True)
+            cfg["round_ratio"] = _median_round(cfg["encrypted"]["round_seconds"]) / \
+                _median_round(cfg["plaintext"]["round_seconds"])
+            e, p = cfg["encrypted"]["coordinator_peak_rss_bytes"], cfg["plaintext"]["coordinator_peak_rss_bytes"]
+            cfg["rss_ratio"] = e / p if e and p else None
+            out["configs"][name] = cfg
+    c = out["configs"]
+    summary = {}
+    if "heart-4" in c:
+        summary.update({"P2.heart": c["heart-4"]["round_ratio"], "P6.ratio_4": c["heart-4"]["rss_ratio"],
+                        "P3.encrypted": c["heart-4"]["encrypted"]["pooled_test_accuracy"],
+                        "P3.plaintext": c["heart-4"]["plaintext"]["pooled_test_accuracy"]})
+    if "lora-8" in c:
+        summary["P2.lora"] = c["lora-8"]["round_ratio"]
+    for n in (64, 256):
+        if f"heart-{n}" in c:
+            summary[f"P6.ratio_{n}"] = c[f"heart-{n}"]["rss_ratio"]
+    out["summary"] = {k: v for k, v in summary.items() if v is not None}
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--only", default=",".join(CONFIGS), help=f"comma-separated subset of {list(CONFIGS)}")
     args = ap.parse_args()
-    res = run(args.rounds)
-    for label, r in res["runs"].items():
-        print(f"{label:10} rounds {['%.2f' % s for s in r['round_seconds']]} s, bytes in/round "
-              f"{r['bytes_in_per_round'][-1]:,}, pooled test accuracy {r['pooled_test_accuracy']:.4f}")
-    s = res["summary"]
-    print(f"P2.heart = {s['P2.heart']:.3f}; P3 encrypted {s['P3.encrypted']:.4f} vs plaintext {s['P3.plaintext']:.4f} "
-          f"(FLamby pooled {FLAMBY['pooled']}, FedAvg {FLAMBY['fedavg']})")
+    res = run([x for x in args.only.split(",") if x])
+    print(f"{'config':10} {'enc round s':>12} {'plain round s':>14} {'ratio':>6} {'enc RSS MiB':>12} "
+          f"{'plain RSS MiB':>14} {'RSS ratio':>9} {'enc acc':>8} {'plain acc':>9}")
+    for name, c in res["configs"].items():
+        e, p = c["encrypted"], c["plaintext"]
+        print(f"{name:10} {_median_round(e['round_seconds']):12.2f} {_median_round(p['round_seconds']):14.2f} "
+              f"{c['round_ratio']:6.3f} {(e['coordinator_peak_rss_bytes'] or 0) / 2**20:12.0f} "
+              f"{(p['coordinator_peak_rss_bytes'] or 0) / 2**20:14.0f} {c['rss_ratio'] or float('nan'):9.3f} "
+              f"{e['pooled_test_accuracy']:8.4f} {p['pooled_test_accuracy']:9.4f}")
+    print(f"FLamby: pooled {FLAMBY['pooled']}, FedAvg {FLAMBY['fedavg']}")
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(res, indent=2))
     print(f"wrote {OUT}")

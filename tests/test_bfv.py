@@ -154,3 +154,20 @@ def test_kind_context_with_other_parameters_is_refused(codecs):
 def test_kind_quantisation_rounds_to_nearest_step():
     q = quantize(np.array([2.0**-24, 3 * 2.0**-24, -(2.0**-23)]), PACKED)
     assert list(q) == [0, 2, -1]  # half to even, like np.rint
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(extra=st.binary(min_size=1, max_size=64), where=st.sampled_from(["end", "field", "dup", "varint"]))
+def test_kind_framing_outside_the_canonical_form_is_refused_before_parsing(codecs, extra, where):
+    from sealfl.common.bfv import framing_problem
+
+    secret, public = codecs
+    _, (chunk,) = secret.split(secret.encrypt(np.ones(14)), 14)
+    assert framing_problem(chunk, 7) is None
+    bad = {"end": chunk + extra,
+           "field": chunk + bytes([(15 << 3) | 2, len(extra)]) + extra,  # an unknown length-delimited field
+           "dup": chunk + b"\x12" + bytes([len(extra)]) + extra,  # a second ciphertext field
+           "varint": chunk[:1] + b"\x81\x00" + chunk[2:]}[where]  # a non-minimal length
+    assert framing_problem(bad, 7) is not None
+    with pytest.raises(CiphertextError, match="canonical form"):
+        public.load_chunks([bad], 14)

@@ -55,9 +55,15 @@ What a frame from outside must satisfy before anything adds it (the hardening ru
 issue 5, same order as the CKKS codec they were written for): (1) size before parsing -- frame at
 most :meth:`BFVParams.max_frame_bytes`, each chunk at most
 :attr:`BFVParams.max_chunk_bytes`; (2) header -- magic, version, the expected layout,
-this campaign's context id, the expected length and chunk count; (3) per chunk -- parses
-as a BFVVector under this context, holds the expected number of slots, is canonical
-(re-serialises to exactly the received bytes), has a fresh ciphertext's shape (2
+this campaign's context id, the expected length and chunk count; (3) per chunk -- is
+in canonical framing (checked on the bytes, before SEAL parses them: exactly TenSEAL's
+``BFVVectorProto`` fields 1 (one slot count) and 2 (one ciphertext) with minimal
+varints, and the ciphertext field holds exactly one zstd-compressed SEAL object whose
+header size equals the field's length -- so no unknown field, second ciphertext or
+trailing byte is carried; this replaced re-serialising each chunk, which costs as much
+as encrypting it), parses as a BFVVector under this context (SEAL validates it, and
+refuses a BFV ciphertext whose scale is not 1), holds the expected number of slots
+(equal to the framed count), has a fresh ciphertext's shape (2
 polynomials, not NTT form, not transparent, the first data level's ``parms_id`` and
 prime count, scale 1); (4) a trial addition (SEAL's ``add`` checks ``parms_id``, NTT
 form and scale). What cannot be checked without the secret key: that the content is in
@@ -150,7 +156,7 @@ class BFVParams:
         """Upper bound (bytes) of one serialised fresh ciphertext: 2 polynomials x N x
         ``data_primes`` uint64 residues (SEAL manual, "Ciphertext"), plus zstd's worst
         case ``n/256`` (``ZSTD_COMPRESSBOUND``, zstd.h) and 4096 bytes for SEAL's header,
-        metadata and TenSEAL's protobuf wrapper. Defaults: 131,072 raw -> 136,704; fresh
+        metadata and TenSEAL's protobuf wrapper. Defaults: 131,072 raw -> 135,680; fresh
         chunks measured ~68,900 bytes (TenSEAL 0.3.18)."""
         raw = 2 * self.poly_modulus_degree * self.data_primes * 8
         return raw + raw // 256 + 4096
@@ -233,6 +239,58 @@ def unpack(slots: np.ndarray, layout: Layout, length: int) -> np.ndarray:
         cols.append(lo)
         p = (p - lo) >> layout.bits
     return np.stack(cols, axis=1).reshape(-1)[:length]
+
+
+_SEAL_HEADER = struct.Struct("<HBBBBHQ")  # magic, header size, version major/minor, compr_mode, reserved, size
+_SEAL_MAGIC, _SEAL_ZSTD = 0xA15E, 2
+
+
+def _varint(n: int) -> bytes:
+    out = b""
+    while True:
+        b, n = n & 0x7F, n >> 7
+        if n:
+            out += bytes([b | 0x80])
+        else:
+            return out + bytes([b])
+
+
+def _read_varint(b: bytes, i: int) -> tuple[int, int]:
+    v = shift = 0
+    while i < len(b) and shift < 64:
+        v |= (b[i] & 0x7F) << shift
+        shift += 7
+        i += 1
+        if not b[i - 1] & 0x80:
+            return v, i
+    raise ValueError("truncated varint")
+
+
+def framing_problem(raw: bytes, slots: int) -> str | None:
+    """Why ``raw`` is not a TenSEAL BFVVector serialisation in canonical framing of one
+    ciphertext holding ``slots`` slots (None if it is). Pure byte checks, see the module
+    docstring (TenSEAL 0.3.18 ``tensors.proto``: ``BFVVectorProto { repeated uint32
+    sizes = 1; repeated bytes ciphertexts = 2; }``; SEAL 4 ``SEALHeader``, serialization.h)."""
+    sizes = _varint(slots)
+    head = b"\x0a" + _varint(len(sizes)) + sizes + b"\x12"
+    if not raw.startswith(head):
+        return f"does not start with exactly one slot count ({slots}) and a ciphertext field"
+    try:
+        n, i = _read_varint(raw, len(head))
+    except ValueError:
+        return "truncated ciphertext field"
+    if raw[len(head):i] != _varint(n):
+        return "non-minimal length encoding"
+    if i + n != len(raw):
+        return f"{len(raw) - i - n} bytes after the ciphertext field" if i + n < len(raw) else "truncated ciphertext"
+    if n < _SEAL_HEADER.size:
+        return "ciphertext shorter than SEAL's header"
+    magic, hsize, _, _, compr, _, size = _SEAL_HEADER.unpack_from(raw, i)
+    if magic != _SEAL_MAGIC or hsize != _SEAL_HEADER.size or compr != _SEAL_ZSTD:
+        return "not a zstd-compressed SEAL object"
+    if size != n:
+        return f"SEAL object of {size} bytes in a field of {n} bytes"
+    return None
 
 
 def context_id(public_context_bytes: bytes, salt: bytes) -> bytes:
@@ -384,10 +442,14 @@ class BFVCodec:
             raise CiphertextError(f"{len(blob) - off} trailing bytes after the ciphertext frame")
         return length, chunks
 
-    def load_chunks(self, chunks: Sequence[bytes], length: int, layout: Layout = PACKED, first: int = 0) -> list:
+    def load_chunks(self, chunks: Sequence[bytes], length: int, layout: Layout = PACKED, first: int = 0, *,
+                    checked: bool = False) -> list:
         """Parse and check chunks ``first, first+1, ...`` of a ``length``-value frame (steps
         3-4 of the module docstring). Returns BFVVectors. Raises CiphertextError naming
-        the chunk and the failed check."""
+        the chunk and the failed check.
+
+        ``checked=True`` only for bytes that already passed this method in this process
+        (the aggregator's sum): parse and slot count only."""
         ts = _ts()
         out = []
         for k, c in enumerate(chunks):
@@ -396,25 +458,23 @@ class BFVCodec:
             if len(c) > self.params.max_chunk_bytes:
                 raise CiphertextError(f"chunk {i} is {len(c)} bytes, more than a ciphertext of these parameters can "
                                       f"be ({self.params.max_chunk_bytes})")
+            want = self._slots_in_chunk(i, length, layout)
+            if not checked:
+                problem = framing_problem(c, want)
+                if problem:
+                    raise CiphertextError(f"chunk {i} is not in canonical form: {problem}")
             try:
                 vec = ts.bfv_vector_from(self._ctx, c)
             except Exception as exc:  # TenSEAL raises ValueError/RuntimeError
                 raise CiphertextError(f"chunk {i} is not a ciphertext of this BFV context: {exc}") from exc
-            want = self._slots_in_chunk(i, length, layout)
             if vec.size() != want:
                 raise CiphertextError(f"chunk {i} holds {vec.size()} slots, expected {want}")
-            self._check_fresh_shape(i, vec, c)
+            if not checked:
+                self._check_fresh_shape(i, vec)
             out.append(vec)
         return out
 
-    def _check_fresh_shape(self, i: int, vec, raw: bytes) -> None:
-        try:
-            canonical = vec.serialize()
-        except Exception as exc:  # TenSEAL raises ValueError/RuntimeError
-            raise CiphertextError(f"chunk {i} does not re-serialise: {exc}") from exc
-        if canonical != raw:
-            raise CiphertextError(f"chunk {i} is not in canonical form ({len(raw)} bytes received, {len(canonical)} "
-                                  "after re-serialisation): extra or altered bytes")
+    def _check_fresh_shape(self, i: int, vec) -> None:
         cts = vec.ciphertext()
         if len(cts) != 1:
             raise CiphertextError(f"chunk {i} holds {len(cts)} ciphertexts, expected 1")
@@ -445,11 +505,12 @@ class BFVCodec:
 
     def sum_chunk(self, i: int, chunks: Sequence[bytes], length: int, layout: Layout = PACKED) -> bytes:
         """Add chunk ``i`` of several partners' frames (``chunks``, one per partner, each
-        already validated) without decrypting; returns the serialised sum. Parses one
-        chunk at a time into a running accumulator. Raises CiphertextError."""
+        already validated by :meth:`load_chunks` -- only parsed again here) without
+        decrypting; returns the serialised sum. Parses one chunk at a time into a running
+        accumulator. Raises CiphertextError."""
         acc = None
         for c in chunks:
-            (v,) = self.load_chunks([c], length, layout, first=i)
+            (v,) = self.load_chunks([c], length, layout, first=i, checked=True)
             acc = v if acc is None else acc + v
         if acc is None:
             raise CiphertextError("nothing to add")
@@ -462,6 +523,8 @@ class BFVCodec:
         if not blobs:
             raise CiphertextError("nothing to add")
         split = [self.split(b, expected_length, layout)[1] for b in blobs]
+        for chunks in split:
+            self.load_chunks(chunks, expected_length, layout)
         out = [self.sum_chunk(i, [chunks[i] for chunks in split], expected_length, layout)
                for i in range(len(split[0]))]
         return self.frame(expected_length, out, layout)
