@@ -27,8 +27,10 @@ The consortium directory: ``node_config["consortium-dir"]`` or the one given to
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -80,8 +82,28 @@ def _global_int(record: ArrayRecord, key: str) -> int:
     return int(arr[0])
 
 
+#: the last few decoded global records of this process: digest -> (params, mean, std)
+_DECODED: "OrderedDict[bytes, tuple]" = OrderedDict()
+_DECODED_MAX = 2
+
+
+def _record_digest(record: ArrayRecord, kit: PartnerKit, task) -> bytes:
+    h = hashlib.sha256(b"sealfl-global\0" + kit.codec.context_id + task.name.encode() + b"\0")
+    for key in sorted(record.keys()):
+        arr = np.ascontiguousarray(record[key].numpy())
+        h.update(f"{key}|{arr.dtype.str}|{arr.shape}|".encode())
+        h.update(arr.tobytes())
+    return h.digest()
+
+
 def decode_global(record: ArrayRecord, kit: PartnerKit, task=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Turn the server's ``"global"`` record into (params (P,), mean (d,), std (d,)), all float64.
+
+    The same global record reaches every partner twice (the evaluate round of round t and
+    the train round of t+1) and, in simulation, several partners share a process: the
+    last :data:`_DECODED_MAX` successful decodings are kept per process, keyed by the
+    SHA-256 of the context, the task and every array of the record (a decoding depends on
+    nothing else). Failures are not kept: a bad record is refused every time.
 
     Key-holder side of FedAvg: decrypt, check against ``task.decrypt_bounds`` and round
     (:func:`sealfl.common.decrypted.open_stats` / ``open_model``); the decrypted
@@ -94,6 +116,23 @@ def decode_global(record: ArrayRecord, kit: PartnerKit, task=None) -> tuple[np.n
             reported from it).
     """
     task = task or task_of(kit)
+    try:
+        key = _record_digest(record, kit, task)
+    except Exception as exc:  # an unreadable array: let the checks below name it
+        key = None
+        log.debug("global record not hashable (%s); decoding without the cache", exc)
+    if key is not None and key in _DECODED:
+        _DECODED.move_to_end(key)
+        return tuple(a.copy() for a in _DECODED[key])
+    out = _decode_global(record, kit, task)
+    if key is not None:
+        _DECODED[key] = tuple(a.copy() for a in out)
+        while len(_DECODED) > _DECODED_MAX:
+            _DECODED.popitem(last=False)
+    return out
+
+
+def _decode_global(record: ArrayRecord, kit: PartnerKit, task) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     bounds = task.decrypt_bounds
     stats_n = _global_int(record, P.STATS_N)
     try:
