@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.sealfl-installed
 
-.PHONY: demo test install bench clean llm-deps llm-demo
+.PHONY: demo test install bench bench-llm clean llm-deps llm-demo
 
 # scripts/install-tpm.sh: swtpm + tpm2-tools (apt) for the device `tpm` backend; the TPM
 # tests start swtpm themselves and never skip.
@@ -32,15 +32,19 @@ llm-demo: $(STAMP)
 
 install: $(STAMP)
 
-# Benchmarks (bench/README.md); bench/llm.py needs llm-out/ from `make llm-demo`.
-bench: $(STAMP)
-	$(BIN)/python bench/llm.py --demo llm-out
-
 demo: $(STAMP)
 	$(BIN)/sealfl demo --out demo-out
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# Every bench/*.py (bench/run_all.py), one table, bench/results/summary.json (< 20 min here).
+bench: $(STAMP)
+	$(BIN)/python bench/run_all.py
+
+# The LLM serving benchmark against llama.cpp (issue 7); needs llm-out/ from `make llm-demo`.
+bench-llm: $(STAMP)
+	$(BIN)/python bench/llm.py --demo llm-out
 
 clean:
 	rm -rf $(VENV) demo-out llm-out .pytest_cache

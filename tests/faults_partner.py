@@ -13,8 +13,8 @@ mode                       phase      what the partner sends
 =========================  =========  =====================================================
 ``nan-examples``           train      ``num-examples`` = NaN
 ``undeclared-examples``    train      ``num-examples`` = its statistics-round n + 100
-``scale-2^30``             train      its own update re-encrypted at scale 2^30 under the
-                                      campaign's context
+``scale-2^30``             train      its own update with each ciphertext's scale set to 2^30
+                                      (parses under the campaign's context; SEAL cannot add it)
 ``padded-chunk``           train      a valid ciphertext followed, inside the same chunk, by
                                       an unknown protobuf field of ``pad_bytes`` bytes
 ``impostor``               all        claims to be partner 0 (signs with its own key)
@@ -58,16 +58,54 @@ def _varint(n: int) -> bytes:
             return out + bytes([b])
 
 
-def _rescale_update(kit, blob: bytes, scale_bits: int) -> bytes:
-    """The partner's own update (it holds the key) re-encrypted at 2**scale_bits."""
-    import tenseal as ts
+def _read_varint(b: bytes, i: int) -> tuple[int, int]:
+    v = shift = 0
+    while True:
+        v |= (b[i] & 0x7F) << shift
+        shift += 7
+        i += 1
+        if not b[i - 1] & 0x80:
+            return v, i
 
-    values = kit.codec.decrypt(blob)
-    ctx = ts.context_from(kit.codec.secret_context_bytes())
-    ctx.global_scale = 2.0**scale_bits
-    slots = kit.codec.params.slots
-    chunks = [ts.ckks_vector(ctx, values[i:i + slots].tolist()).serialize() for i in range(0, len(values), slots)]
-    return kit.codec.frame(len(values), chunks)
+
+def rescale_chunk(codec, chunk: bytes, scale_bits: int) -> bytes:
+    """A TenSEAL CKKSVector/BFVVector serialisation whose SEAL ciphertext carries scale
+    2**scale_bits (fields of TenSEAL's ``CKKSVectorProto``/``BFVVectorProto``: 1 packed sizes,
+    2 ciphertext bytes; CKKS's field 3, its scale, is kept). Issue 5's scale-2^30 ciphertext:
+    a CKKS campaign parses it and refuses it by its scale; SEAL refuses to load it under a
+    BFV context."""
+    import os
+    import tempfile
+
+    import tenseal.sealapi as sealapi
+
+    fields, i = [], 0
+    while i < len(chunk):
+        key, i = _read_varint(chunk, i)
+        size, i = _read_varint(chunk, i)
+        fields.append((key, chunk[i:i + size]))
+        i += size
+    out = b""
+    for key, value in fields:
+        if key == (2 << 3) | 2:
+            ct = sealapi.Ciphertext()
+            with tempfile.TemporaryDirectory() as d:
+                path = os.path.join(d, "ct")
+                with open(path, "wb") as fh:
+                    fh.write(value)
+                ct.load(codec._ctx.seal_context().data, path)
+                ct.scale = 2.0**scale_bits
+                ct.save(path)
+                with open(path, "rb") as fh:
+                    value = fh.read()
+        out += _varint(key) + _varint(len(value)) + value
+    return out
+
+
+def _rescale_update(kit, blob: bytes, scale_bits: int) -> bytes:
+    """The partner's own update with every chunk's scale set to 2**scale_bits."""
+    n, chunks = kit.codec.split(blob)
+    return kit.codec.frame(n, [rescale_chunk(kit.codec, c, scale_bits) for c in chunks])
 
 
 def tamper(mode: str, msg: Message, reply: Message, consortium_dir: str, pad_bytes: int = 64 << 20) -> Message:

@@ -47,6 +47,24 @@ def test_two_round_campaign_improves_over_round0(consortium, tmp_path):
     assert run_processes("-", res.status["worker"]["pid"]) == []
 
 
+def test_kind_a_bfv_consortium_trains_the_same_model_as_the_ckks_one(consortium, tmp_path):
+    """``--he bfv`` runs the same Flower apps with the packed BFV codec (partners send
+    shares, key holders scale by N): after 2 rounds the pooled accuracy equals the CKKS
+    campaign's to within one test row (both compute weighted FedAvg; they differ only by
+    CKKS noise ~1e-8 and BFV's 2^-23 grid)."""
+    from sealfl.common.codecs import params_for
+
+    bfv, _ = create_consortium(tmp_path / "bfv", "heart", list(HOSPITALS), params=params_for("bfv"))
+    assert bfv.ckks.to_dict()["scheme"] == "BFV" and consortium.ckks.to_dict()["scheme"] == "CKKS"
+    a = run_campaign(CampaignSpec(str(consortium.dir), str(tmp_path / "ckks-camp"), rounds=2))
+    b = run_campaign(CampaignSpec(str(bfv.dir), str(tmp_path / "bfv-camp"), rounds=2))
+    assert b.status["status"] == "finished" and b.status["server_has_secret_key"] is False
+    assert all(r["accepted"] == sorted(HOSPITALS) for r in b.rounds)
+    rows = sum(len(p.y_test) for p in load_partitions())
+    assert abs(a.rounds[-1]["pooled_test_accuracy"] - b.rounds[-1]["pooled_test_accuracy"]) <= 1.0 / rows + 1e-12
+    assert b.rounds[-1]["pooled_test_accuracy"] > _round0_accuracy() + 0.1
+
+
 def test_garbage_ciphertext_is_rejected_and_round_goes_on(consortium, tmp_path):
     res = run_campaign(CampaignSpec(str(consortium.dir), str(tmp_path / "camp"), rounds=1, min_partners=3),
                        client_app="faults:make_broken_update_app",

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from sealfl.clients.data import HOSPITALS, load_partitions
+from sealfl.common.framed import WIDE
 from sealfl.clients.stats import local_sums
 from sealfl.clients.task import HeartTask
 from sealfl.platform.consortium import create_consortium
@@ -166,8 +167,8 @@ def finished_campaign(consortium, tmp_path_factory):
     camp = tmp_path_factory.mktemp("finished") / "camp"
     parts = load_partitions()
     n = float(sum(p.n_train for p in parts))
-    save_checkpoint(camp, 3, codec.encrypt(HeartTask().init_params() * n), n,
-                    codec.encrypt(sum(local_sums(p.x_train) for p in parts)))
+    save_checkpoint(camp, 3, codec.encrypt(HeartTask().init_params()), n,
+                    codec.encrypt(sum(local_sums(p.x_train) for p in parts), WIDE))
     CampaignDir(camp, 3).set_status(status="finished", round=3, stats_declared_n=int(n))
     return camp
 

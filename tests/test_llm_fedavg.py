@@ -1,10 +1,10 @@
 """The encrypted average of LoRA adapter vectors equals plaintext FedAvg of the adapters.
 
 Each partner trains adapters (real LoRA training on the tiny model), multiplies them by its
-block count and encrypts; the aggregator validates and adds ciphertexts with the public
+share n / N of the blocks and encrypts; the aggregator validates and adds ciphertexts with the public
 context only; the key holder decrypts, divides and rounds (:func:`open_model` with the
 causal-LM task's bounds). The oracle is an independent NumPy weighted sum. The vector's
-length is that of the real SmolLM2 adapters (460,800 values, 113 CKKS ciphertexts)."""
+length is that of the real SmolLM2 adapters (460,800 values, 57 packed BFV ciphertexts)."""
 
 import numpy as np
 
@@ -12,8 +12,8 @@ from llm_tiny import TEXTS, tiny_bundle, tokenizer_json
 from sealfl.clients.causal_lm.lora import LMTrainConfig, LoraSpec, attach_lora, init_adapters, train_local
 from sealfl.clients.causal_lm.task import CausalLMTask
 from sealfl.clients.causal_lm.text import token_blocks
-from sealfl.common.decrypted import open_model
-from sealfl.common.he import CKKSCodec
+from sealfl.common.decrypted import open_model, share_to_sum, update_share
+from sealfl.common.bfv import BFVCodec
 from sealfl.server.aggregate import sum_chunks, validate_frames
 
 
@@ -36,19 +36,22 @@ def test_kind_encrypted_adapter_average_equals_plaintext_fedavg():
         if i < 2:
             v[:len(trained[i])] = trained[i]
         updates[name] = (v, int(rng.integers(50, 700)))  # (adapters, training blocks n)
-    secret = CKKSCodec.generate()
-    public = CKKSCodec.from_bytes(secret.public_context_bytes(), secret.params, secret.context_id)
+    secret = BFVCodec.generate()
+    public = BFVCodec.from_bytes(secret.public_context_bytes(), secret.params, secret.context_id)
     assert not public.has_secret_key
-    frames = {p: secret.encrypt(v * n) for p, (v, n) in updates.items()}
+    total = sum(n for _, n in updates.values())
+    frames = {p: secret.encrypt(update_share(v, n, total)) for p, (v, n) in updates.items()}
     valid = validate_frames(public, frames, task.n_params)
     assert not valid.rejected
-    total = sum(n for _, n in updates.values())
-    summed = sum_chunks(public, valid, task.n_params, shards=1)
-    got = open_model(secret.decrypt(summed, task.n_params), total, task.decrypt_bounds, max_total=total)
+    summed = sum_chunks(public, valid, task.n_params)
+    got = open_model(share_to_sum(secret.decrypt(summed, task.n_params), total), total, task.decrypt_bounds,
+                     max_total=total)
     expected = np.zeros(task.n_params)
     for v, n in updates.values():
         expected += n * v
     expected /= total
-    # CKKS noise ~1e-8 on the sums, then the key holder's grids (2^-12 on sums, 2^-20 on values)
-    assert np.abs(got - expected).max() < 2.0**-20 + 2.0**-12 / total + 1e-9
+    # shares on the 2^-23 grid (K partners: sum error <= K * 2^-24, times N), then the key
+    # holder's grids (2^-12 on sums, 2^-20 on values)
+    k = len(updates)
+    assert np.abs(got - expected).max() <= k * 2.0**-24 + 2.0**-13 / total + 2.0**-21
     assert got.shape == (460_800,)

@@ -1,4 +1,4 @@
-"""A partner's train reply carries its update only as CKKS ciphertext: the plaintext
+"""A partner's train reply carries its update only as BFV ciphertext: the plaintext
 weights (as float64 or float32 bytes) appear nowhere in what it sends, and the
 aggregate of the replies decrypts to the weighted mean of the partners' own models."""
 
@@ -10,13 +10,17 @@ from sealfl.clients.data import HOSPITALS, load_partitions
 from sealfl.clients.stats import local_sums, mean_std
 from sealfl.clients.task import HeartTask, TrainConfig
 from sealfl.common import protocol as P
+from sealfl.common.framed import WIDE
 from sealfl.common.decrypted import open_stats
 from sealfl.platform.consortium import create_consortium
 
 
+N_TOTAL = sum(p.n_train for p in load_partitions())
+
+
 def _train_msg(codec, round_=1):
     parts = load_partitions()
-    stats = codec.encrypt(sum(local_sums(p.x_train) for p in parts))
+    stats = codec.encrypt(sum(local_sums(p.x_train) for p in parts), WIDE)
     content = RecordDict({
         P.GLOBAL: ArrayRecord({"model_plain": Array(np.zeros(14)), "stats_ct": Array(P.to_u8(stats)),
                                "stats_n": Array(np.array([sum(p.n_train for p in parts)], dtype=np.int64))}),
@@ -59,12 +63,16 @@ def test_train_reply_holds_ciphertext_only(tmp_path, monkeypatch):
         payload = _payload_bytes(reply)
         assert list(reply.content[P.UPDATE].keys()) == ["update_ct"]
         assert reply.content[P.UPDATE]["update_ct"].numpy().dtype == np.uint8
-        for plain in (w * n, w, (w * n).astype(np.float32), w.astype(np.float32)):
+        share = w * n / N_TOTAL
+        for plain in (w * n, w, share, (w * n).astype(np.float32), w.astype(np.float32), share.astype(np.float32)):
             for k in range(0, 14, 4):  # any 4 consecutive parameters
                 assert plain[k:k + 4].tobytes() not in payload
         assert int(reply.content[P.METRICS][P.NUM_EXAMPLES]) == n
         frames.append(P.from_u8(reply.content[P.UPDATE]["update_ct"].numpy()))
         total += w * n
         n_total += n
-    agg = codec.add(frames, 14)
-    np.testing.assert_allclose(codec.decrypt(agg) / n_total, total / n_total, atol=1e-5)
+    agg = codec.sum_frames(frames, 14)
+    # the default codec, CKKS, carries Σ n_i w_i (its noise ~1e-8); BFV Σ (n_i / N) w_i, exact up to
+    # its 2^-23 grid (4 partners: error <= 4 * 2^-24), times N
+    assert codec.WEIGHTING == "count"
+    np.testing.assert_allclose(codec.decrypt(agg, 14) / n_total, total / n_total, atol=1e-9)

@@ -1,6 +1,6 @@
 """Release pipeline -> `sealfl verify` (the real CLI, in a subprocess) -> device boot.
 
-The campaign is replaced by a checkpoint encrypted under the consortium's CKKS context
+The campaign is replaced by a checkpoint encrypted under the consortium's HE context
 (no Ray needed): the release enclave must decrypt it to the same parameters.
 """
 
@@ -19,6 +19,8 @@ from sealfl.attestation.bundle import build_attestation
 from sealfl.attestation.dsse import sign_envelope
 from sealfl.attestation.keys import generate_key
 from sealfl.clients.data import HOSPITALS, load_partitions
+from sealfl.common.decrypted import update_share
+from sealfl.common.framed import WIDE
 from sealfl.clients.stats import local_sums
 from sealfl.clients.task import HeartTask, TrainConfig
 from sealfl.enclave.device import boot
@@ -42,9 +44,11 @@ def built(tmp_path_factory):
     task = HeartTask()
     params, _ = task.train(task.init_params(), x, y, x.mean(0), x.std(0), TrainConfig(local_epochs=10), 0)
     weights = np.array([p.n_train for p in parts], dtype=np.float64)
-    # as the aggregator would hold it: E(sum n_i w) with the same w at every partner
-    model_ct = codec.encrypt(params * weights.sum())
-    stats_ct = codec.encrypt(sum(local_sums(p.x_train) for p in parts))
+    # as the aggregator would hold it when every partner trained to the same w: E(Σ n_i w) under
+    # CKKS ("count" weighting), E(Σ (n_i / N) w) under BFV ("share"): what update_share of all rows gives
+    total = int(weights.sum())
+    model_ct = codec.encrypt(update_share(params, total, total, codec.WEIGHTING))
+    stats_ct = codec.encrypt(sum(local_sums(p.x_train) for p in parts), WIDE)
     save_checkpoint(root / "camp", 3, model_ct, float(weights.sum()), stats_ct)
     # as the aggregator leaves it (with the total of rows the partners declared in the statistics round)
     RoundLog(root / "camp", 3).set_status(status="finished", round=3, stats_declared_n=int(weights.sum()))

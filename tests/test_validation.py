@@ -12,7 +12,7 @@ from flwr.server.superlink.linkstate.utils import create_message_error_unavailab
 
 from sealfl.attestation.keys import generate_key, public_key_to_pem, sign, verify
 from sealfl.common import protocol as P
-from sealfl.common.he import CKKSCodec
+from sealfl.common.bfv import WIDE, BFVCodec
 from sealfl.server.errors import ReplyError
 from sealfl.server.intake import Roster, screen
 from sealfl.server.validation import (ReplyLimits, check_candidate_counts, check_count, check_real, check_u8_array,
@@ -31,8 +31,8 @@ NOT_REALS = st.one_of(st.booleans(), st.text(max_size=5), st.none(), st.lists(st
 
 @pytest.fixture(scope="module")
 def codecs():
-    secret = CKKSCodec.generate()
-    return secret, CKKSCodec.from_bytes(secret.public_context_bytes(), secret.params, secret.context_id)
+    secret = BFVCodec.generate()
+    return secret, BFVCodec.from_bytes(secret.public_context_bytes(), secret.params, secret.context_id)
 
 
 # ---- single values ---------------------------------------------------------------------------
@@ -76,7 +76,7 @@ _BLOB = {}
 def _train(codecs, n=100, loss=0.5, blob=None, extra=None, partner=True):
     secret, _ = codecs
     if blob is None:
-        blob = _BLOB.setdefault("b", secret.encrypt(np.arange(14.0) * 100))
+        blob = _BLOB.setdefault("b", secret.encrypt(np.arange(14.0) / 2))
     recs = {P.UPDATE: ArrayRecord({P.UPDATE_CT: Array(P.to_u8(blob))}),
             P.METRICS: MetricRecord({P.NUM_EXAMPLES: n, P.TRAIN_LOSS: loss})}
     if partner:
@@ -147,7 +147,7 @@ def test_kind_oversized_array_is_refused_before_it_is_deserialised(codecs):
 
 def test_kind_statistics_reply_declares_an_integer_count(codecs):
     secret, public = codecs
-    content = RecordDict({P.STATS: ArrayRecord({P.STATS_CT: Array(P.to_u8(secret.encrypt(np.ones(27))))}),
+    content = RecordDict({P.STATS: ArrayRecord({P.STATS_CT: Array(P.to_u8(secret.encrypt(np.ones(27), WIDE)))}),
                           P.METRICS: MetricRecord({P.NUM_EXAMPLES: 150.0}),
                           P.PARTNER: ConfigRecord({P.NAME: "A", P.SIGNATURE: b"x"})})
     with pytest.raises(ReplyError, match="must be an integer"):

@@ -15,7 +15,8 @@ from onnx import numpy_helper
 from sealfl.clients.data import HOSPITALS, load_partitions
 from sealfl.clients.stats import local_sums, mean_std
 from sealfl.clients.task import HeartTask, TrainConfig
-from sealfl.common.decrypted import DecryptBounds, check_weight, open_model, open_stats, round_to_grid
+from sealfl.common.framed import WIDE
+from sealfl.common.decrypted import DecryptBounds, check_weight, open_model, open_stats, round_to_grid, share_to_sum
 from sealfl.common.errors import DecryptedValueError
 from sealfl.enclave.keyholder import KeyHolder
 from sealfl.enclave.release_enclave import ReleaseEnclave
@@ -73,20 +74,23 @@ def test_kind_statistics_must_match_the_declared_count_and_bounds():
 
 
 def test_kind_decryption_noise_never_leaves_a_key_holder():
-    from sealfl.common.he import CKKSCodec
+    """BFV decryption is exact (no noise at all reaches the key holder), and what is
+    published is on the task's grids."""
+    from sealfl.common.bfv import BFVCodec
 
-    codec = CKKSCodec.generate()
+    codec = BFVCodec.generate()
     w = round_to_grid(np.random.default_rng(5).normal(0, 3, 14), 20)
-    a, b = codec.encrypt(w * N), codec.encrypt(w * N)  # two encryptions: different randomness, different noise
+    a, b = codec.encrypt(w), codec.encrypt(w)  # two encryptions: different randomness
+    assert a != b
     raw_a, raw_b = codec.decrypt(a, 14), codec.decrypt(b, 14)
-    assert not np.array_equal(raw_a, raw_b)  # the noise is visible at full precision ...
-    pa, pb = open_model(raw_a, N, B), open_model(raw_b, N, B)
-    assert np.array_equal(pa, pb)  # ... and gone from what is published
+    assert np.array_equal(raw_a, raw_b)  # exact: the same values, no noise
+    pa, pb = open_model(share_to_sum(raw_a, N), N, B), open_model(share_to_sum(raw_b, N), N, B)
+    assert np.array_equal(pa, pb)
     assert np.all(pa * 2.0**20 == np.floor(pa * 2.0**20))
-    np.testing.assert_allclose(pa, w, atol=2.0**-13 / N + 2.0**-21)
-    sa, sb = codec.encrypt(SUMS), codec.encrypt(SUMS)
-    ma, da = open_stats(codec.decrypt(sa, 27), N, B)
-    mb, db = open_stats(codec.decrypt(sb, 27), N, B)
+    np.testing.assert_allclose(pa, w, atol=2.0**-24 + 2.0**-13 / N + 2.0**-21)
+    sa, sb = codec.encrypt(SUMS, WIDE), codec.encrypt(SUMS, WIDE)
+    ma, da = open_stats(codec.decrypt(sa, 27, WIDE), N, B)
+    mb, db = open_stats(codec.decrypt(sb, 27, WIDE), N, B)
     assert np.array_equal(ma, mb) and np.array_equal(da, db)
     assert np.all(ma * 2.0**20 == np.floor(ma * 2.0**20)) and np.all(da * 2.0**20 == np.floor(da * 2.0**20))
 
@@ -106,7 +110,9 @@ def built(tmp_path_factory):
 
 def _campaign(built, d, model, weight, declared=N, stats=SUMS):
     codec = built["codec"]
-    save_checkpoint(d, 3, codec.encrypt(model), float(weight), codec.encrypt(stats))
+    # the checkpoint holds what partners' updates sum to: E(Σ n_i w_i) under CKKS ("count"
+    # weighting), E(Σ (n_i / N) w_i) under BFV ("share"); ``model`` is given as Σ n_i w_i
+    save_checkpoint(d, 3, codec.encrypt(model / declared if codec.WEIGHTING == "share" else model), float(weight), codec.encrypt(stats, WIDE))
     RoundLog(d, 3).set_status(status="finished", round=3, stats_declared_n=declared)
     return d
 
@@ -128,7 +134,7 @@ def test_kind_released_parameters_and_statistics_are_rounded(built, tmp_path):
 
 
 @pytest.mark.parametrize("model, weight, declared, words", [
-    (np.full(14, 1e9), 1, N, r"parameter 0 is 1e\+09"),       # the aggregator's own encryption of [1e9]*14
+    (np.full(14, 1e9), 1, N, r"parameter 0 is \d"),          # a key holder's encryption of [1e9]*14 (clipped to 8 N)
     (np.zeros(14), N + 1, N, "weight"),                        # more weight than rows declared
     (np.zeros(14), N, N + 100, "encrypted another count"),     # statistics count differs from the declared total
 ])
@@ -159,9 +165,9 @@ def _global(codec, model, weight, stats_n=N):
 
     from sealfl.common import protocol as P
 
-    return ArrayRecord({P.MODEL_CT: Array(P.to_u8(codec.encrypt(model))),
+    return ArrayRecord({P.MODEL_CT: Array(P.to_u8(codec.encrypt(model / stats_n))),
                         P.MODEL_WEIGHT: Array(np.array([float(weight)])),
-                        P.STATS_CT: Array(P.to_u8(codec.encrypt(SUMS))),
+                        P.STATS_CT: Array(P.to_u8(codec.encrypt(SUMS, WIDE))),
                         P.STATS_N: Array(np.array([stats_n], dtype=np.int64))})
 
 

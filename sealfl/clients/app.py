@@ -6,7 +6,8 @@ Handlers:
   (``{"query": "evaluate-onnx"}``): score candidate release models on the local test
   split and reply ``{correct, n}`` counts only.
 - ``train``: decrypt the global model (key holder), train locally, reply with
-  E(n · w_local) only -- no plaintext weights leave the partner.
+  E((n / N) · w_local) only (N: the declared total of the statistics round,
+  :func:`sealfl.common.decrypted.update_share`) -- no plaintext weights leave the partner.
 - ``evaluate``: decrypt the global model, evaluate on the local test split, reply with
   plaintext metrics (accuracy, loss, counts).
 
@@ -26,8 +27,10 @@ The consortium directory: ``node_config["consortium-dir"]`` or the one given to
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +39,8 @@ from flwr.clientapp import ClientApp
 
 from sealfl.attestation import keys as _keys
 from sealfl.common import protocol as P
-from sealfl.common.decrypted import check_weight, open_model, open_stats, round_metric
+from sealfl.common.framed import WIDE
+from sealfl.common.decrypted import check_weight, open_model, open_stats, round_metric, share_to_sum, update_share
 from sealfl.common.errors import CiphertextError
 from sealfl.common.testpoints import testpoint
 
@@ -78,8 +82,28 @@ def _global_int(record: ArrayRecord, key: str) -> int:
     return int(arr[0])
 
 
+#: the last few decoded global records of this process: digest -> (params, mean, std)
+_DECODED: "OrderedDict[bytes, tuple]" = OrderedDict()
+_DECODED_MAX = 2
+
+
+def _record_digest(record: ArrayRecord, kit: PartnerKit, task) -> bytes:
+    h = hashlib.sha256(b"sealfl-global\0" + kit.codec.context_id + task.name.encode() + b"\0")
+    for key in sorted(record.keys()):
+        arr = np.ascontiguousarray(record[key].numpy())
+        h.update(f"{key}|{arr.dtype.str}|{arr.shape}|".encode())
+        h.update(arr.tobytes())
+    return h.digest()
+
+
 def decode_global(record: ArrayRecord, kit: PartnerKit, task=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Turn the server's ``"global"`` record into (params (P,), mean (d,), std (d,)), all float64.
+
+    The same global record reaches every partner twice (the evaluate round of round t and
+    the train round of t+1) and, in simulation, several partners share a process: the
+    last :data:`_DECODED_MAX` successful decodings are kept per process, keyed by the
+    SHA-256 of the context, the task and every array of the record (a decoding depends on
+    nothing else). Failures are not kept: a bad record is refused every time.
 
     Key-holder side of FedAvg: decrypt, check against ``task.decrypt_bounds`` and round
     (:func:`sealfl.common.decrypted.open_stats` / ``open_model``); the decrypted
@@ -92,13 +116,30 @@ def decode_global(record: ArrayRecord, kit: PartnerKit, task=None) -> tuple[np.n
             reported from it).
     """
     task = task or task_of(kit)
+    try:
+        key = _record_digest(record, kit, task)
+    except Exception as exc:  # an unreadable array: let the checks below name it
+        key = None
+        log.debug("global record not hashable (%s); decoding without the cache", exc)
+    if key is not None and key in _DECODED:
+        _DECODED.move_to_end(key)
+        return tuple(a.copy() for a in _DECODED[key])
+    out = _decode_global(record, kit, task)
+    if key is not None:
+        _DECODED[key] = tuple(a.copy() for a in out)
+        while len(_DECODED) > _DECODED_MAX:
+            _DECODED.popitem(last=False)
+    return out
+
+
+def _decode_global(record: ArrayRecord, kit: PartnerKit, task) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     bounds = task.decrypt_bounds
     stats_n = _global_int(record, P.STATS_N)
     try:
         stats_blob = P.from_u8(record[P.STATS_CT].numpy())
     except Exception as exc:
         raise CiphertextError(f"the global record has no readable {P.STATS_CT!r}: {exc}") from exc
-    mean, std = open_stats(kit.codec.decrypt(stats_blob, task.stats_length), stats_n, bounds)
+    mean, std = open_stats(kit.codec.decrypt(stats_blob, task.stats_length, WIDE), stats_n, bounds)
     if P.MODEL_PLAIN in record:  # round 1: the public initial model
         params = np.asarray(record[P.MODEL_PLAIN].numpy(), dtype=np.float64)
         if params.shape != (task.n_params,) or not np.all(np.isfinite(params)) \
@@ -112,7 +153,8 @@ def decode_global(record: ArrayRecord, kit: PartnerKit, task=None) -> tuple[np.n
         except Exception as exc:
             raise CiphertextError(f"the global record has no readable model ciphertext/weight: {exc}") from exc
         check_weight(weight, stats_n)
-        params = open_model(kit.codec.decrypt(model_blob, task.n_params), weight, bounds, max_total=stats_n)
+        params = open_model(share_to_sum(kit.codec.decrypt(model_blob, task.n_params), stats_n, kit.codec.WEIGHTING), weight, bounds,
+                            max_total=stats_n)
     return params, mean, std
 
 
@@ -151,7 +193,7 @@ def handle_query(msg: Message, context: Context, consortium_dir: str | None = No
     if what != P.QUERY_STATS:
         raise ClientError(f"unknown query {what!r}")
     data = task.load_data(name, msg.content[P.CONFIG])
-    blob = kit.codec.encrypt(task.local_stats(data))
+    blob = kit.codec.encrypt(task.local_stats(data), WIDE)
     content = RecordDict({
         P.STATS: ArrayRecord({P.STATS_CT: _array(blob)}),
         P.METRICS: MetricRecord({P.NUM_EXAMPLES: int(task.n_train(data))}),
@@ -160,13 +202,13 @@ def handle_query(msg: Message, context: Context, consortium_dir: str | None = No
 
 
 def handle_train(msg: Message, context: Context, consortium_dir: str | None = None) -> Message:
-    """``train`` handler: decrypt the global model, train, reply E(n · w_local) and n."""
+    """``train`` handler: decrypt the global model, train, reply E((n / N) · w_local) and n."""
     kit, task, name, cfg, data, (params, mean, std) = _open_round(msg, context, consortium_dir)
     rnd = int(cfg.get("server-round", 0))
     testpoint("train", rnd)
     new, metrics = task.train_round(params, data, mean, std, cfg, 1000 * rnd + kit.index)
     n = task.n_train(data)
-    blob = kit.codec.encrypt(new * n)
+    blob = kit.codec.encrypt(update_share(new, int(n), _global_int(msg.content[P.GLOBAL], P.STATS_N), kit.codec.WEIGHTING))
     loss = round_metric(metrics["train_loss"], task.decrypt_bounds)
     log.info("partner %s round %d: trained on %d rows, loss %.4f", name, rnd, n, loss)
     content = RecordDict({

@@ -1,13 +1,13 @@
-"""A partner's startup kit: who it is and its (wrapped) CKKS secret context.
+"""A partner's startup kit: who it is and its (wrapped) HE secret context.
 
 Layout of ``<consortium>/partners/<slug>/`` (written by
 :mod:`sealfl.platform.consortium`):
 
-- ``kit.json`` -- ``{"partner", "index", "consortium", "ckks": CKKSParams dict,
+- ``kit.json`` -- ``{"partner", "index", "consortium", "ckks": HE parameter dict (CKKS or BFV; the key keeps its name),
   "context_id": hex, "task"}``
 - ``partner_key.pem`` -- the partner's P-256 private key (mode 0600; in a real
   deployment generated at the partner's site, only the public key ever leaves it)
-- ``ckks_secret.wrapped`` -- the CKKS secret context wrapped to that key
+- ``ckks_secret.wrapped`` -- the HE secret context wrapped to that key
   (:mod:`sealfl.common.keywrap`, label ``b"ckks-secret-context"``)
 """
 
@@ -21,7 +21,8 @@ from pathlib import Path
 
 from Crypto.PublicKey import ECC
 
-from sealfl.common.he import CKKSCodec, CKKSParams
+from sealfl.common import codecs
+from sealfl.common.errors import CiphertextError
 from sealfl.common.keywrap import KeyWrapError, unwrap
 
 from .errors import KitError
@@ -36,14 +37,14 @@ def slug(name: str) -> str:
 
 @dataclass(frozen=True)
 class PartnerKit:
-    """A loaded kit. ``codec`` holds the CKKS secret key (this partner is a key holder);
+    """A loaded kit. ``codec`` holds the HE secret key (this partner is a key holder);
     ``signing_key`` is the partner's P-256 private key (it signs the partner's replies,
     :func:`sealfl.clients.app.sign_reply`)."""
 
     partner: str
     index: int
     consortium: str
-    codec: CKKSCodec
+    codec: codecs.Codec
     task: str
     signing_key: ECC.EccKey | None = field(default=None, repr=False, compare=False)
 
@@ -75,8 +76,11 @@ def load_kit(path: str) -> PartnerKit:
         secret = unwrap(wrapped, key, CKKS_LABEL)
     except KeyWrapError as exc:
         raise KitError(f"startup kit {d}: {exc}") from exc
-    codec = CKKSCodec.from_bytes(secret, CKKSParams.from_dict(meta["ckks"]), bytes.fromhex(meta["context_id"]))
+    try:
+        codec = codecs.from_bytes(secret, codecs.params_from_dict(meta["ckks"]), bytes.fromhex(meta["context_id"]))
+    except CiphertextError as exc:
+        raise KitError(f"startup kit {d}: {exc}") from exc
     if not codec.has_secret_key:
-        raise KitError(f"startup kit {d}: the unwrapped CKKS context holds no secret key")
+        raise KitError(f"startup kit {d}: the unwrapped HE context holds no secret key")
     return PartnerKit(meta["partner"], int(meta["index"]), meta["consortium"], codec, meta.get("task", "heart-logreg"),
                       key)

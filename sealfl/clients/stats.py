@@ -1,6 +1,6 @@
 """Global feature scaling without pooling raw data.
 
-Each partner encrypts ``[n, Σx_j (13), Σx_j² (13)]`` (27 float64 values) under CKKS;
+Each partner encrypts ``[n, Σx_j (13), Σx_j² (13)]`` (27 float64 values) under the campaign's HE codec (wide layout);
 the aggregator adds the ciphertexts; key holders decrypt the sums and derive the global
 mean and (population) standard deviation: ``mean = Σx/n``,
 ``std = sqrt(max(Σx²/n - mean², 0))`` (a feature with std 0 gets std 1).

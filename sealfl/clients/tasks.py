@@ -34,6 +34,10 @@ __all__ = ["Task", "TASKS", "ALIASES", "get_task", "task_names"]
 TASKS = {
     "heart": "sealfl.clients.task:HeartTask",
     "causal-lm": "sealfl.clients.causal_lm.task:CausalLMTask",
+    # benchmark-only variants (bench/round_bench.py; sealfl.clients.bench_tasks)
+    "bench-heart-64": "sealfl.clients.bench_tasks:BenchHeart64",
+    "bench-heart-256": "sealfl.clients.bench_tasks:BenchHeart256",
+    "bench-lora-8": "sealfl.clients.bench_tasks:BenchLora8",
 }
 #: names earlier consortia stored
 ALIASES = {"heart-logreg": "heart"}

@@ -1,7 +1,14 @@
-"""What a key holder may do with a CKKS decryption before anything of it leaves: bound it
+"""What a key holder may do with a decryption before anything of it leaves: bound it
 and round it (pure NumPy; no TenSEAL).
 
-Why round: a CKKS decryption is the plaintext plus noise that depends on the secret key
+The default codec is CKKS (:mod:`sealfl.common.ckks`): partners encrypt ``n_i w_i`` and
+its decryptions carry noise, hence the rounding below. With the packed BFV option
+(:mod:`sealfl.common.bfv`) decryptions are exact; partners encrypt their share
+``(n_i / N) w_i`` and key holders multiply the decrypted sum by N (:func:`update_share`,
+:func:`share_to_sum`, the codec's ``WEIGHTING``); the rounding costs nothing there and
+keeps every published value on the same grid.
+
+Why round (CKKS): a CKKS decryption is the plaintext plus noise that depends on the secret key
 and the encryption randomness. Publishing decryptions at full precision lets an observer
 recover the secret key (Li and Micciancio, "On the Security of Homomorphic Encryption on
 Approximate Numbers", EUROCRYPT 2021, ePrint 2020/1533; SEAL's maintainers give the
@@ -41,7 +48,8 @@ import numpy as np
 
 from .errors import DecryptedValueError
 
-__all__ = ["DecryptBounds", "round_to_grid", "check_weight", "open_model", "open_stats", "round_metric"]
+__all__ = ["DecryptBounds", "round_to_grid", "check_weight", "WEIGHTINGS", "update_share", "share_to_sum", "open_model", "open_stats",
+           "round_metric"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +97,43 @@ def check_weight(weight, max_total: int) -> int:
     if not math.isfinite(w) or w != math.floor(w) or not 1 <= w <= max_total:
         raise DecryptedValueError(f"aggregate weight {weight!r} is not a whole number of examples in [1, {max_total}]")
     return int(w)
+
+
+#: how partners weight their update before encrypting (the codec's ``WEIGHTING``):
+#: ``"share"`` -- ``(n_i / N) w_i`` (BFV: the sum stays within the packed layout's ±8);
+#: ``"count"`` -- ``n_i w_i`` (CKKS: the decryption noise is absolute, ~1e-8 here, so the
+#: sum grid 2^-12 on ``Σ n_i w_i`` stays ~2^14 times the noise; multiplying a decrypted
+#: share by N would multiply the noise by N too)
+WEIGHTINGS = ("share", "count")
+
+
+def update_share(params, n: int, declared_total: int, weighting: str = "share") -> np.ndarray:
+    """What a partner encrypts for weighted FedAvg (float64): ``(n / N) * params`` for the
+    ``"share"`` weighting, ``n * params`` for ``"count"`` (:data:`WEIGHTINGS`), with ``n``
+    its training rows and ``N`` the total the partners declared in the statistics round
+    (known to every partner from the global record). Shares of all partners sum to the
+    weighted average times ``W / N`` (W = rows of the accepted partners), so the encrypted
+    sum stays within the packed layout's ±8 whatever the number of partners
+    (:mod:`sealfl.common.bfv`). Raises DecryptedValueError for counts out of range or an
+    unknown weighting."""
+    if not (isinstance(n, (int, np.integer)) and isinstance(declared_total, (int, np.integer))
+            and 1 <= n <= declared_total):
+        raise DecryptedValueError(f"cannot weight an update by {n!r} of {declared_total!r} rows")
+    if weighting not in WEIGHTINGS:
+        raise DecryptedValueError(f"unknown update weighting {weighting!r}")
+    scale = int(n) / int(declared_total) if weighting == "share" else float(int(n))
+    return np.asarray(params, dtype=np.float64) * scale
+
+
+def share_to_sum(decrypted_share, declared_total: int, weighting: str = "share") -> np.ndarray:
+    """Key-holder side of :func:`update_share`: ``Σ n_i w_i`` (float64), the input of
+    :func:`open_model` -- the decrypted ``Σ (n_i / N) w_i`` times ``N`` (exact for BFV: the
+    values are multiples of 2^-23 below 2^3 and N < 2^27), or the decryption itself for
+    ``"count"``. Raises DecryptedValueError for an unknown weighting."""
+    if weighting not in WEIGHTINGS:
+        raise DecryptedValueError(f"unknown update weighting {weighting!r}")
+    s = np.asarray(decrypted_share, dtype=np.float64)
+    return s * int(declared_total) if weighting == "share" else s
 
 
 def open_model(decrypted_sum, weight, bounds: DecryptBounds, max_total: int | None = None) -> np.ndarray:

@@ -10,12 +10,12 @@ class HEError(SealflError):
 
 
 class CiphertextError(HEError):
-    """A ciphertext blob does not parse, belongs to another CKKS context, or has the
+    """A ciphertext blob does not parse, belongs to another HE context, or has the
     wrong length. The message names what was wrong; callers add who sent it."""
 
 
 class SecretKeyMissingError(HEError):
-    """Decryption was asked of a CKKS context that holds no secret key (the aggregator's)."""
+    """Decryption was asked of a HE context that holds no secret key (the aggregator's)."""
 
 
 class DecryptedValueError(HEError):

@@ -1,6 +1,6 @@
 """Wrap a secret to a key holder's P-256 public key (ECIES-style, HPKE base-mode shape).
 
-Used to ship the CKKS secret context inside a partner's startup kit: only the partner's
+Used to ship the HE secret context inside a partner's startup kit: only the partner's
 private key unwraps it.
 
 Construction (RFC 9180 HPKE base mode shape, built from pycryptodome primitives):

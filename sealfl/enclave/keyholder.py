@@ -1,7 +1,7 @@
-"""The release enclave as CKKS key holder: unseal the campaign's secret context and
+"""The release enclave as HE key holder: unseal the campaign's secret context and
 decrypt the encrypted global model.
 
-The CKKS secret context is stored in the release enclave only sealed by the TEE
+The HE secret context is stored in the release enclave only sealed by the TEE
 (``seal_secret("ckks-secret-context", ...)``), so it unseals only while the enclave
 runs the measured code. TenSEAL is imported lazily: devices never load this module.
 
@@ -26,36 +26,42 @@ class KeyHolder:
 
     Args:
         enclave: an opened :class:`ReleaseEnclave` (its measurement already extended).
-        ckks_params: :class:`sealfl.common.he.CKKSParams` of the campaign.
-        context_id: 32-byte id of the campaign's CKKS context.
+        ckks_params: the campaign's HE parameters (:mod:`sealfl.common.codecs`: CKKS or BFV; name kept).
+        context_id: 32-byte id of the campaign's HE context.
     Raises:
-        EnclaveError: the enclave holds no CKKS secret (it was never provisioned).
+        EnclaveError: the enclave holds no HE secret (it was never provisioned).
         UnsealError: the enclave's measurement changed since the secret was sealed.
     """
 
     def __init__(self, enclave: ReleaseEnclave, ckks_params, context_id: bytes):
-        from sealfl.common.he import CKKSCodec
+        from sealfl.common import codecs
+        from sealfl.common.plain import is_plain
 
+        if is_plain(ckks_params):
+            raise EnclaveError("the release enclave does not open plaintext-benchmark campaigns")
         if CKKS_SECRET not in enclave.list_secrets():
-            raise EnclaveError("the release enclave holds no CKKS secret context; provision it with the consortium")
-        self._codec = CKKSCodec.from_bytes(enclave.unseal_secret(CKKS_SECRET), ckks_params, context_id)
+            raise EnclaveError("the release enclave holds no HE secret context; provision it with the consortium")
+        self._codec = codecs.from_bytes(enclave.unseal_secret(CKKS_SECRET), ckks_params, context_id)
 
     @staticmethod
     def provision(enclave: ReleaseEnclave, secret_context: bytes) -> None:
-        """Seal the CKKS secret context (bytes) into ``enclave``."""
+        """Seal the HE secret context (bytes) into ``enclave``."""
         enclave.seal_secret(CKKS_SECRET, secret_context)
 
-    def decrypt(self, blob: bytes, length: int | None = None) -> np.ndarray:
+    def decrypt(self, blob: bytes, length: int | None = None, layout=None) -> np.ndarray:
         """Decrypt a framed ciphertext into float64 (length,) at FULL precision.
 
-        Only for checks inside the enclave: never publish the result (CKKS decryption
+        Only for checks inside the enclave: never publish the result unrounded (with CKKS, decryption
         noise leaks the secret key, see :mod:`sealfl.common.decrypted`); use
         :meth:`open_model` / :meth:`open_stats` for anything that leaves.
         """
-        return self._codec.decrypt(blob, length)
+        from sealfl.common.framed import PACKED
 
-    def open_model(self, blob: bytes, total_weight, length: int, bounds, max_total: int | None = None) -> np.ndarray:
-        """Weighted FedAvg's last step, checked and rounded: ``E(Σ n_i w_i)``, Σ n_i ->
+        return self._codec.decrypt(blob, length, layout or PACKED)
+
+    def open_model(self, blob: bytes, total_weight, length: int, bounds, *, declared_total: int) -> np.ndarray:
+        """Weighted FedAvg's last step, checked and rounded: ``E(Σ (n_i / N) w_i)`` (N =
+        ``declared_total``, the statistics round's total, also the weight's bound), Σ n_i ->
         float64 (length,) on the parameter grid (:func:`sealfl.common.decrypted.open_model`).
 
         Raises:
@@ -63,10 +69,11 @@ class KeyHolder:
             DecryptedValueError: the weight is not a whole number in ``[1, max_total]`` or
                 a parameter is out of ``bounds``.
         """
-        from sealfl.common.decrypted import check_weight, open_model
+        from sealfl.common.decrypted import check_weight, open_model, share_to_sum
 
-        check_weight(total_weight, bounds.max_total_examples if max_total is None else max_total)
-        return open_model(self._codec.decrypt(blob, length), total_weight, bounds, max_total)
+        check_weight(total_weight, declared_total)
+        return open_model(share_to_sum(self._codec.decrypt(blob, length), declared_total, self._codec.WEIGHTING), total_weight, bounds,
+                          declared_total)
 
     def open_stats(self, blob: bytes, length: int, declared_total: int, bounds) -> tuple[np.ndarray, np.ndarray]:
         """Global (mean, std) from ``E([n, Σx, Σx²])``, checked against the declared total
@@ -79,4 +86,6 @@ class KeyHolder:
         """
         from sealfl.common.decrypted import open_stats
 
-        return open_stats(self._codec.decrypt(blob, length), declared_total, bounds)
+        from sealfl.common.framed import WIDE
+
+        return open_stats(self._codec.decrypt(blob, length, WIDE), declared_total, bounds)

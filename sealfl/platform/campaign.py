@@ -74,14 +74,16 @@ class CampaignSpec:
 
 @dataclass
 class CampaignResult:
-    """What a finished campaign left in ``out_dir``: its status and per-round records, and
-    which Ray ran it (``{"gcs_address", "started_here", "mode", "auth", "loopback_only"}``)."""
+    """What a finished campaign left in ``out_dir``: its status and per-round records,
+    which Ray ran it (``{"gcs_address", "started_here", "mode", "auth", "loopback_only"}``)
+    and the peak RSS (bytes) of the worker process that ran the aggregator (None if unknown)."""
 
     out_dir: Path
     status: dict
     rounds: list[dict]
     seconds: float
     ray: dict = field(default_factory=dict)
+    coordinator_peak_rss_bytes: int | None = None
 
 
 def check_spec(spec: CampaignSpec, num_partners: int, min_partners: int) -> None:
@@ -209,7 +211,7 @@ def run_campaign(spec: CampaignSpec, on_round: Callable[[dict], None] | None = N
     if requested():  # the signal came as the last round ended: say so, lose nothing
         raise Interrupted(requested(), f"campaign {cd.dir} had finished all {status.get('num_rounds')} rounds when "
                                        f"{signal_name(requested())} arrived; it is complete")
-    return CampaignResult(cd.dir, status, cd.rounds(), seconds, result.get("ray", {}))
+    return CampaignResult(cd.dir, status, cd.rounds(), seconds, result.get("ray", {}), result.get("peak_rss_bytes"))
 
 
 def _tell_ray_protection(cd: CampaignDir) -> bool:

@@ -1,14 +1,14 @@
-"""Consortium set-up: the CKKS key ceremony and the partners' startup kits.
+"""Consortium set-up: the HE key ceremony and the partners' startup kits.
 
 ``create_consortium(dir, name, partners)`` writes::
 
-    consortium.json                 name, partners, CKKS params, context id, task
-    aggregator/public.ckks          public CKKS context: NO secret key (checked on write)
+    consortium.json                 name, partners, HE params (CKKS, or BFV with --he bfv), context id, task
+    aggregator/public.ckks          public HE context: NO secret key (checked on write)
     partners/<slug>/kit.json        see sealfl.clients.kit
     partners/<slug>/partner_key.pem partner's P-256 private key (0600)
-    partners/<slug>/ckks_secret.wrapped  CKKS secret context wrapped to that key
+    partners/<slug>/ckks_secret.wrapped  HE secret context wrapped to that key
 
-The CKKS secret context exists in memory only during the ceremony; on disk it is only
+The HE secret context exists in memory only during the ceremony; on disk it is only
 ever wrapped (to each partner key) or, for the release enclave, sealed by the TEE
 (:func:`sealfl.platform.release.provision_release_enclave`).
 
@@ -30,7 +30,8 @@ from Crypto.PublicKey import ECC
 from sealfl.clients.errors import ClientError
 from sealfl.clients.tasks import get_task
 from sealfl.clients.kit import CKKS_LABEL, kit_dir, slug
-from sealfl.common.he import CKKSCodec, CKKSParams
+from sealfl.common import codecs
+from sealfl.common.errors import CiphertextError
 from sealfl.common.keywrap import wrap
 
 from .errors import ConsortiumError
@@ -45,7 +46,7 @@ class Consortium:
     dir: Path
     name: str
     partners: list[str]
-    ckks: CKKSParams
+    ckks: codecs.Params  # the campaign's HE parameters: CKKS (default) or packed BFV (the name is kept)
     context_id: str
     task: str
 
@@ -61,7 +62,11 @@ class Consortium:
             meta = json.loads((d / "consortium.json").read_text())
         except FileNotFoundError as exc:
             raise ConsortiumError(f"{d} is not a consortium directory (no consortium.json); run 'sealfl consortium create'") from exc
-        return cls(d, meta["name"], list(meta["partners"]), CKKSParams.from_dict(meta["ckks"]), meta["context_id"], meta["task"])
+        try:
+            params = codecs.params_from_dict(meta["ckks"])
+        except CiphertextError as exc:
+            raise ConsortiumError(f"{d}/consortium.json: {exc}") from exc
+        return cls(d, meta["name"], list(meta["partners"]), params, meta["context_id"], meta["task"])
 
 
 def _write_private(path: Path, data: bytes) -> None:
@@ -70,10 +75,11 @@ def _write_private(path: Path, data: bytes) -> None:
         fh.write(data)
 
 
-def create_consortium(d: str | Path, name: str, partners: list[str], *, params: CKKSParams | None = None,
-                      task: str = "heart") -> tuple[Consortium, CKKSCodec]:
+def create_consortium(d: str | Path, name: str, partners: list[str], *, params: codecs.Params | None = None,
+                      task: str = "heart") -> tuple[Consortium, codecs.Codec]:
     """Run the key ceremony and write the consortium directory.
 
+    ``params`` picks the HE scheme (:mod:`sealfl.common.codecs`; default CKKS).
     Returns the loaded :class:`Consortium` and the SECRET codec (so the caller can seal it
     into the release enclave; drop it afterwards).
     Raises ConsortiumError if ``d`` is not empty, partner names collide (also after
@@ -99,14 +105,14 @@ def create_consortium(d: str | Path, name: str, partners: list[str], *, params: 
         raise ConsortiumError(f"the {task} task has data for {the_task.partners_doc} {', '.join(the_task.partners)} "
                               f"only; unknown partner(s): {', '.join(unknown)}")
     t0 = time.perf_counter()
-    codec = CKKSCodec.generate(params)
+    codec = codecs.generate(params)
     secret = codec.secret_context_bytes()
     public = codec.public_context_bytes()
     (d / "aggregator").mkdir(parents=True, exist_ok=True)
     (d / "aggregator" / "public.ckks").write_bytes(public)
-    check = CKKSCodec.from_bytes(public, codec.params, codec.context_id)
+    check = codecs.from_bytes(public, codec.params, codec.context_id)
     if check.has_secret_key:  # the aggregator must never get a secret key
-        raise ConsortiumError("internal error: the public CKKS context still holds the secret key")
+        raise ConsortiumError("internal error: the public HE context still holds the secret key")
     for i, partner in enumerate(partners):
         kd = kit_dir(d, partner)
         kd.mkdir(parents=True, exist_ok=True)
@@ -122,6 +128,6 @@ def create_consortium(d: str | Path, name: str, partners: list[str], *, params: 
         "name": name, "partners": partners, "ckks": codec.params.to_dict(), "context_id": codec.context_id.hex(),
         "task": task, "created": time.time(),
     }, indent=2))
-    log.info("consortium %s: %d partner kits, CKKS N=%d, in %.1f s", name, len(partners),
-             codec.params.poly_modulus_degree, time.perf_counter() - t0)
+    log.info("consortium %s: %d partner kits, HE %s, in %.1f s", name, len(partners), codec.params.to_dict(),
+             time.perf_counter() - t0)
     return Consortium.load(d), codec

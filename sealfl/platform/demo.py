@@ -19,7 +19,7 @@ from rich.table import Table
 
 from sealfl.clients.data import HOSPITALS, load_partitions
 from sealfl.common.fsutil import atomic_write
-from sealfl.common.he import CKKSCodec
+from sealfl.common import codecs
 
 from . import supervisor
 from .campaign import CampaignSpec
@@ -59,7 +59,7 @@ def _prepare(out: Path) -> None:
 
 def _measured_server_secret(cons: Consortium) -> bool:
     """Load the aggregator's context file exactly as the aggregator does and ask TenSEAL."""
-    codec = CKKSCodec.from_bytes(cons.public_context.read_bytes(), cons.ckks, bytes.fromhex(cons.context_id))
+    codec = codecs.from_bytes(cons.public_context.read_bytes(), cons.ckks, bytes.fromhex(cons.context_id))
     return codec.has_secret_key
 
 
@@ -80,7 +80,7 @@ def run_demo(out: Path, *, rounds: int = 10, ray_address: str | None = None, con
     _prepare(out)
     t_all = time.perf_counter()
 
-    console.rule("[bold]1. consortium: CKKS key ceremony, 4 partner kits, release enclave")
+    console.rule("[bold]1. consortium: HE key ceremony, 4 partner kits, release enclave")
     t0 = time.perf_counter()
     cons, codec = create_consortium(out / "consortium", "heart", list(HOSPITALS))
     provision_release_enclave(cons, codec.secret_context_bytes())
@@ -88,7 +88,7 @@ def run_demo(out: Path, *, rounds: int = 10, ray_address: str | None = None, con
     console.print(f"partners: {', '.join(cons.partners)}  ({time.perf_counter() - t0:.1f} s)")
     supervisor.check()
 
-    console.rule(f"[bold]2. encrypted campaign: {rounds} rounds of CKKS FedAvg on Ray")
+    console.rule(f"[bold]2. encrypted campaign: {rounds} rounds of {cons.ckks.to_dict()['scheme']} FedAvg on Ray")
     camp = run_campaign_with_progress(
         CampaignSpec(str(cons.dir), str(out / "campaign"), rounds=rounds, ray_address=ray_address), console)
     last = camp.rounds[-1]
@@ -140,7 +140,7 @@ def run_demo(out: Path, *, rounds: int = 10, ray_address: str | None = None, con
         "trust": {"dir": str(trust_dir(cons))},
         "ray": camp.ray,
         "he": {
-            "scheme": "CKKS", **cons.ckks.to_dict(),
+            **cons.ckks.to_dict(),
             "bytes_per_round": he_bytes,
             "aggregate_bytes": last["aggregate_bytes"],
             "expansion": he_bytes / fp32_bytes,

@@ -2,7 +2,7 @@
 accuracy gate -> manifest, DSSE/in-toto signature, release attestation.
 
 Provisioning (at consortium set-up): :func:`provision_release_enclave` creates the
-release enclave (``<consortium>/enclave``), seals the CKKS secret context into it and
+release enclave (``<consortium>/enclave``), seals the HE secret context into it and
 exports the device trust anchors (``<consortium>/trust``).
 
 Quantisation: :mod:`sealfl.platform.quantize` (per-row int8 activations, 7-bit weights:
@@ -53,7 +53,7 @@ def trust_dir(cons: Consortium) -> Path:
 
 
 def provision_release_enclave(cons: Consortium, secret_context: bytes) -> ReleaseEnclave:
-    """Create the release enclave, seal the CKKS secret into it, export device trust anchors."""
+    """Create the release enclave, seal the HE secret into it, export device trust anchors."""
     enclave = ReleaseEnclave.create(enclave_dir(cons))
     KeyHolder.provision(enclave, secret_context)
     enclave.export_trust(trust_dir(cons))
@@ -128,7 +128,7 @@ def open_final_model(keys: KeyHolder, ckpt: dict, task, campaign_dir) -> tuple:
     declared = ckpt["stats_declared_n"]
     try:
         params = keys.open_model(ckpt["model_ct"], ckpt["model_weight"], task.n_params, task.decrypt_bounds,
-                                 max_total=declared)
+                                 declared_total=declared)
         mean, std = keys.open_stats(ckpt["stats_ct"], task.stats_length, declared, task.decrypt_bounds)
     except (DecryptedValueError, CiphertextError) as exc:
         raise ReleaseError(f"the release enclave refuses the final aggregate of campaign {campaign_dir}: {exc}; "

@@ -102,7 +102,10 @@ def run_job(job: dict) -> dict:
             raise ReleaseError(f"{type(failure).__name__}: {failure}") from failure
     else:
         raise ValueError(f"unknown job kind {kind!r}")
-    return {"ray": ray_info}
+    import resource
+
+    # this process hosts the ServerApp and Flower's simulation driver: the coordinator
+    return {"ray": ray_info, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
 
 def _die_with_supervisor() -> None:

@@ -1,2 +1,2 @@
-"""Aggregator side: Flower ServerApp and the encrypted FedAvg strategy. Holds a CKKS
+"""Aggregator side: Flower ServerApp and the encrypted FedAvg strategy. Holds an HE
 context WITHOUT the secret key: it adds ciphertexts and never decrypts."""

@@ -2,7 +2,7 @@
 
 ``main(grid, context)``:
 
-1. load the campaign's PUBLIC CKKS context and measure that it holds no secret key
+1. load the campaign's PUBLIC HE context and measure that it holds no secret key
    (written to ``status.json`` as ``server_has_secret_key``; a secret context aborts);
 2. statistics round: query every connected node for E([n, Σx, Σx²]) and its declared
    ``n``; each reply is screened (:mod:`sealfl.server.intake`: signature, one per
@@ -32,7 +32,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, Message
 from flwr.serverapp import Grid, ServerApp
 
 from sealfl.common import protocol as P
-from sealfl.common.he import CKKSCodec, CKKSParams
+from sealfl.common import codecs
+from sealfl.common.codecs import Codec
+from sealfl.common.framed import WIDE
 
 from .aggregate import Validated, sum_chunks
 from .bookkeeping import CampaignDir
@@ -50,9 +52,9 @@ class ServerConfig:
 
     Attributes:
         campaign_dir: where status, round log and checkpoints go.
-        public_context: path of the public CKKS context file.
-        context_id: hex id of the campaign's CKKS context.
-        ckks: CKKSParams as a dict.
+        public_context: path of the public HE context file.
+        context_id: hex id of the campaign's HE context.
+        ckks: the campaign's HE parameters (:mod:`sealfl.common.codecs` parameter dict: CKKS or BFV).
         num_partners: partners expected to connect.
         min_partners: fewest valid updates per round.
         num_rounds: training rounds.
@@ -121,7 +123,7 @@ def wait_for_nodes(grid: Grid, want: int, timeout_s: float, need: int | None = N
     return ids
 
 
-def stats_round(grid: Grid, codec: CKKSCodec, cfg: ServerConfig, rlog: CampaignDir, roster: Roster) -> tuple[bytes, int]:
+def stats_round(grid: Grid, codec: Codec, cfg: ServerConfig, rlog: CampaignDir, roster: Roster) -> tuple[bytes, int]:
     """Query E([n, Σx, Σx²]) and n from every connected node, screen and check each reply,
     bind each accepted node to its partner, and add the accepted ciphertexts.
 
@@ -147,7 +149,7 @@ def stats_round(grid: Grid, codec: CKKSCodec, cfg: ServerConfig, rlog: CampaignD
     rlog.note(stats_partners=accepted, stats_rejected=screened.rejected)
     rlog.set_status(stats_declared_n=declared, stats_partners=accepted)
     valid = Validated({p: screened.accepted[p].chunks for p in accepted}, screened.rejected)
-    return sum_chunks(codec, valid, length), declared
+    return sum_chunks(codec, valid, length, layout=WIDE), declared
 
 
 def _scalar(d: dict) -> dict:
@@ -160,11 +162,11 @@ def run_server(grid: Grid, cfg: ServerConfig) -> None:
     rlog = CampaignDir(cfg.campaign_dir, cfg.num_rounds)
     rlog.begin()
     try:
-        codec = CKKSCodec.from_bytes(Path(cfg.public_context).read_bytes(), CKKSParams.from_dict(cfg.ckks),
+        codec = codecs.from_bytes(Path(cfg.public_context).read_bytes(), codecs.params_from_dict(cfg.ckks),
                                      bytes.fromhex(cfg.context_id))
         rlog.set_status(server_has_secret_key=codec.has_secret_key)
         if codec.has_secret_key:
-            raise SecretKeyPresentError(f"{cfg.public_context} holds a CKKS secret key")
+            raise SecretKeyPresentError(f"{cfg.public_context} holds a HE secret key")
         roster = cfg.roster()
         limits = cfg.limits()
         t0 = time.perf_counter()

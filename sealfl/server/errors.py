@@ -12,7 +12,7 @@ class NotEnoughPartnersError(ServerError):
 
 
 class SecretKeyPresentError(ServerError):
-    """The aggregator was handed a CKKS context that holds a secret key: refuse to run."""
+    """The aggregator was handed a HE context that holds a secret key: refuse to run."""
 
 
 class ReplyError(ServerError):

@@ -58,7 +58,7 @@ class Roster:
         partners: the consortium's partner names (the only names a reply may claim).
         keys: partner name -> ECDSA P-256 public key, or None to accept unsigned name
             claims (bound at first contact only; logged as a warning).
-        context_id: the campaign's CKKS context id (32 bytes; part of what partners sign).
+        context_id: the campaign's HE context id (32 bytes; part of what partners sign).
         node_of / partner_of: the node <-> partner binding.
         n_train: the training-split count each partner declared in the statistics round.
         n_test: the test-split count each partner reported in its first accepted evaluate.

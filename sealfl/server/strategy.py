@@ -1,4 +1,4 @@
-"""EncryptedFedAvg: weighted FedAvg where the aggregator only adds CKKS ciphertexts.
+"""EncryptedFedAvg: weighted FedAvg where the aggregator only adds ciphertexts (CKKS, or packed BFV).
 
 Protocol (see :mod:`sealfl.common.protocol`): partner i replies E(n_i · w_i) and n_i;
 the strategy adds the valid ciphertexts into E(Σ n_i w_i) and sums N = Σ n_i; the next
@@ -33,7 +33,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from sealfl.common import protocol as P
-from sealfl.common.he import CKKSCodec
+from sealfl.common.codecs import Codec
 from sealfl.common.testpoints import testpoint
 
 from .aggregate import Validated, sum_chunks
@@ -74,10 +74,10 @@ def connected_partner_nodes(grid: Grid, roster: Roster, min_partners: int, wait_
 
 
 class EncryptedFedAvg(FedAvg):
-    """FedAvg over CKKS ciphertexts.
+    """FedAvg over HE ciphertexts (CKKS or packed BFV).
 
     Args:
-        codec: public CKKS codec of the campaign (must NOT hold the secret key).
+        codec: the aggregator's codec of the campaign (must NOT hold the secret key).
         n_params: length of the flat model vector.
         roster: who is who (bound in the statistics round) and what each partner declared.
         limits: caps on what partners may report.
@@ -85,17 +85,15 @@ class EncryptedFedAvg(FedAvg):
         round_log: the campaign directory: the round's aggregate is staged in
             ``aggregate_train`` and committed with its record when the round ends
             (``aggregate_evaluate``), see :mod:`sealfl.server.bookkeeping` (optional).
-        shards: Ray tasks for summation of large models (1 = in-process; on 2 cores the
-            2-task Ray sum was slower than in-process at every size in bench/he_bench.py).
         wait_s: longest wait for ``min_partners`` connected partner nodes per round.
     Raises:
         SecretKeyPresentError: ``codec`` holds a secret key.
     """
 
-    def __init__(self, codec: CKKSCodec, n_params: int, *, roster: Roster, limits: ReplyLimits | None = None,
-                 min_partners: int = 2, round_log: CampaignDir | None = None, shards: int = 1, wait_s: float = 600.0):
+    def __init__(self, codec: Codec, n_params: int, *, roster: Roster, limits: ReplyLimits | None = None,
+                 min_partners: int = 2, round_log: CampaignDir | None = None, wait_s: float = 600.0):
         if codec.has_secret_key:
-            raise SecretKeyPresentError("the aggregator's CKKS context holds a secret key; give it the public context")
+            raise SecretKeyPresentError("the aggregator's HE context holds a secret key; give it the public context")
         super().__init__(
             fraction_train=1.0, fraction_evaluate=1.0, min_train_nodes=min_partners,
             min_evaluate_nodes=min_partners, min_available_nodes=min_partners,
@@ -107,7 +105,6 @@ class EncryptedFedAvg(FedAvg):
         self.limits = limits or ReplyLimits()
         self.min_partners = min_partners
         self.round_log = round_log
-        self.shards = shards
         self.wait_s = wait_s
         self.stats_ct: bytes | None = None
         self.stats_n: np.ndarray | None = None
@@ -116,8 +113,8 @@ class EncryptedFedAvg(FedAvg):
         self._absent: dict[str, str] = {}
 
     def summary(self) -> None:
-        log.info("EncryptedFedAvg: CKKS N=%d, %d parameters, min_partners=%d",
-                 self.codec.params.poly_modulus_degree, self.n_params, self.min_partners)
+        log.info("EncryptedFedAvg: HE %s, %d parameters, min_partners=%d", self.codec.params.to_dict(),
+                 self.n_params, self.min_partners)
 
     def _configure(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid,
                    message_type: str, phase: str) -> list[Message]:
@@ -170,8 +167,7 @@ class EncryptedFedAvg(FedAvg):
             raise NotEnoughPartnersError("the statistics ciphertext is missing from the global record")
         upd = {p: screened.accepted[p] for p in accepted}
         testpoint("aggregate", server_round)
-        model_ct = sum_chunks(self.codec, Validated({p: r.chunks for p, r in upd.items()}, rejected), self.n_params,
-                              shards=self.shards)
+        model_ct = sum_chunks(self.codec, Validated({p: r.chunks for p, r in upd.items()}, rejected), self.n_params)
         total = sum(r.n for r in upd.values())
         loss = float(sum(r.loss * r.n for r in upd.values()) / total)
         bytes_in = sum(len(r.frame) for r in upd.values())

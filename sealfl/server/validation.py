@@ -14,10 +14,10 @@ Order of checks for a reply (the first failure is the reason given):
 1. **shape**: exactly the expected records (by name and kind) and keys -- nothing more,
    so an unexpected record or key (e.g. a second ciphertext) is refused, not ignored;
 2. **size before parsing**: a ciphertext ``Array`` is checked for dtype/shape metadata
-   and a byte length of at most :meth:`CKKSParams.max_frame_bytes` (+ the npy header)
+   and a byte length of at most :meth:`~sealfl.common.framed.ChunkedParams.max_frame_bytes` (+ the npy header)
    before NumPy or SEAL reads it; then the frame itself
-   (:meth:`sealfl.common.he.CKKSCodec.split` / ``load_chunks``: canonical, fresh-shaped,
-   addable);
+   (:meth:`sealfl.common.framed.FramedCodec.split` / ``load_chunks``: the expected value
+   layout -- packed for updates, wide for statistics --, canonical, fresh-shaped, addable);
 3. **numbers**: counts are ``int`` (not ``bool``, not ``float``, not ``str``) within
    ``[1, ReplyLimits.max_examples]``; ``correct`` within ``[0, n]``; losses finite within
    ``[0, ReplyLimits.max_loss]``; accuracies finite within ``[0, 1]`` and equal to
@@ -39,7 +39,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord
 
 from sealfl.common import protocol as P
 from sealfl.common.errors import CiphertextError
-from sealfl.common.he import CKKSCodec
+from sealfl.common.codecs import Codec
+from sealfl.common.framed import PACKED, WIDE, Layout
 
 from .errors import ReplyError, ServerError
 
@@ -199,13 +200,13 @@ def check_u8_array(array: Any, field: str, max_bytes: int) -> bytes:
     return arr.tobytes()
 
 
-def check_frame(codec: CKKSCodec, blob: bytes, length: int, field: str) -> list[bytes]:
-    """A ciphertext frame of ``length`` values that every sum may add: header, size
-    bounds, canonical chunks, fresh-ciphertext shape, trial addition (see
-    :mod:`sealfl.common.he`). Returns its chunks. Raises ReplyError."""
+def check_frame(codec: Codec, blob: bytes, length: int, field: str, layout: Layout = PACKED) -> list[bytes]:
+    """A ciphertext frame of ``length`` values in ``layout`` that every sum may add:
+    header, size bounds, canonical chunks, fresh-ciphertext shape, trial addition (see
+    the codec module). Returns its chunks. Raises ReplyError."""
     try:
-        n, chunks = codec.split(blob, length)
-        codec.load_chunks(chunks, n)
+        n, chunks = codec.split(blob, length, layout)
+        codec.load_chunks(chunks, n, layout)
     except CiphertextError as exc:
         raise ReplyError(field, str(exc)) from exc
     return chunks
@@ -219,7 +220,7 @@ def _partner_shape(signed: bool) -> tuple[str, tuple]:
     return (P.PARTNER, ("config", (P.NAME, P.SIGNATURE)) if signed else ("config", (P.NAME,), (P.SIGNATURE,)))
 
 
-def parse_train_reply(content: Any, *, codec: CKKSCodec, length: int, limits: ReplyLimits, declared_n: int,
+def parse_train_reply(content: Any, *, codec: Codec, length: int, limits: ReplyLimits, declared_n: int,
                       signed: bool = True) -> TrainReply:
     """Check a train reply (see module docstring) and return it parsed.
 
@@ -245,7 +246,7 @@ def parse_train_reply(content: Any, *, codec: CKKSCodec, length: int, limits: Re
     return TrainReply(frame, check_frame(codec, frame, length, field), n, loss)
 
 
-def parse_stats_reply(content: Any, *, codec: CKKSCodec, length: int, limits: ReplyLimits,
+def parse_stats_reply(content: Any, *, codec: Codec, length: int, limits: ReplyLimits,
                       signed: bool = True) -> StatsReply:
     """Check a statistics-round reply: E([n, Σx, Σx²]) of ``length`` values and the
     declared ``n`` (an int in ``[1, max_examples]``). Raises ReplyError."""
@@ -253,8 +254,8 @@ def parse_stats_reply(content: Any, *, codec: CKKSCodec, length: int, limits: Re
                                _partner_shape(signed)]))
     n = check_count(content[P.METRICS][P.NUM_EXAMPLES], f"{P.METRICS}.{P.NUM_EXAMPLES}", hi=limits.max_examples)
     field = f"{P.STATS}.{P.STATS_CT}"
-    frame = check_u8_array(content[P.STATS][P.STATS_CT], field, codec.params.max_frame_bytes(length))
-    return StatsReply(frame, check_frame(codec, frame, length, field), n)
+    frame = check_u8_array(content[P.STATS][P.STATS_CT], field, codec.params.max_frame_bytes(length, WIDE))
+    return StatsReply(frame, check_frame(codec, frame, length, field, WIDE), n)
 
 
 def parse_eval_reply(content: Any, *, limits: ReplyLimits, expected_n: int | None, signed: bool = True) -> EvalReply:

@@ -4,7 +4,7 @@ LoRA (Hu et al., "LoRA: Low-Rank Adaptation of Large Language Models", ICLR 2022
 ``LoraConfig``/``get_peft_model``): each target linear layer ``y = x W^T`` becomes
 ``y = x W^T + (alpha / r) * x A^T B^T`` with ``A`` (r, in) and ``B`` (out, r); ``W`` is frozen.
 
-Flat vector (float64, what a partner multiplies by its example count and CKKS-encrypts):
+Flat vector (float64, what a partner multiplies by its example count and encrypts (packed BFV)):
 for each adapted module in model order (layer 0 ``q_proj``, layer 0 ``v_proj``, layer 1 ...),
 ``A`` row-major then ``B`` row-major. SmolLM2-135M, r=8 on q_proj/v_proj: per layer
 8*576 + 576*8 + 8*576 + 192*8 = 15,360 values, 460,800 in all (1.84 MB as float32).

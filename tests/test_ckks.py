@@ -1,11 +1,14 @@
-"""CKKS codec: weighted FedAvg under encryption equals plaintext FedAvg; the aggregator
-cannot decrypt; bad frames are refused."""
+"""CKKS codec (the default): weighted FedAvg under encryption equals plaintext FedAvg;
+the aggregator cannot decrypt; bad frames are refused (issue 5's rules, on the framing
+shared with the BFV codec)."""
 
 import numpy as np
 import pytest
 
 from sealfl.common.errors import CiphertextError, SecretKeyMissingError
-from sealfl.common.he import CKKSCodec, CKKSParams
+from sealfl.common.ckks import MAX_ABS, CKKSCodec, CKKSParams
+from sealfl.common.decrypted import DecryptBounds, open_model, share_to_sum, update_share
+from sealfl.common.framed import HEADER, PACKED, WIDE
 from sealfl.server.aggregate import sum_chunks, validate_frames
 
 
@@ -75,10 +78,38 @@ def test_bad_frames_are_rejected_by_name(codecs):
     assert "context" in v.rejected["other-campaign"]
 
 
-def test_encrypt_refuses_nan(codecs):
+@pytest.mark.parametrize("bad", [[1.0, np.nan], [np.inf], [MAX_ABS], [[1.0, 2.0]]])
+def test_kind_encrypt_refuses_what_ckks_cannot_carry(codecs, bad):
     secret, _ = codecs
-    with pytest.raises(ValueError):
-        secret.encrypt(np.array([1.0, np.nan]))
+    with pytest.raises(CiphertextError):
+        secret.encrypt(np.array(bad))
+
+
+def test_kind_statistics_never_pass_for_an_update(codecs):
+    secret, public = codecs
+    stats = secret.encrypt(np.array([700.0, 1e5, 3e7]), WIDE)
+    with pytest.raises(CiphertextError, match="layout 2, expected 1"):
+        public.split(stats, 3, PACKED)
+    np.testing.assert_allclose(secret.decrypt(stats, 3, WIDE), [700.0, 1e5, 3e7], atol=1e-6)
+    with pytest.raises(CiphertextError, match="beyond"):
+        secret.encrypt(np.array([2.0**34]), WIDE)
+
+
+def test_kind_count_weighting_through_the_key_holder_path_equals_numpy(codecs):
+    """What partners encrypt (n_i w_i, the codec's "count" weighting) and what key holders
+    publish (rounded to the parameter grid) equal NumPy's weighted average to the grid."""
+    secret, public = codecs
+    assert secret.WEIGHTING == "count"
+    rng = np.random.default_rng(11)
+    models = [rng.normal(0, 0.8, 300) for _ in range(5)]
+    counts = [97, 301, 12, 55, 160]
+    total = sum(counts)
+    frames = {f"p{i}": public.encrypt(update_share(m, n, total, secret.WEIGHTING))
+              for i, (m, n) in enumerate(zip(models, counts))}
+    summed = sum_chunks(public, validate_frames(public, frames, 300), 300)
+    got = open_model(share_to_sum(secret.decrypt(summed, 300), total, secret.WEIGHTING), total, DecryptBounds())
+    expected = np.average(np.stack(models), axis=0, weights=counts)
+    assert np.max(np.abs(got - expected)) <= 2.0**-20
 
 
 def test_sum_of_nothing_is_an_error(codecs):
@@ -168,6 +199,6 @@ def test_kind_oversized_frame_is_refused_before_any_chunk_is_parsed(codecs):
     secret, public = codecs
     blob = secret.encrypt(np.ones(14))
     # a chunk header announcing 1 GiB, with the bytes absent: refused by size, not "truncated"
-    hdr = blob[:45] + (1 << 30).to_bytes(4, "little")
+    hdr = blob[:HEADER.size] + (1 << 30).to_bytes(4, "little")
     with pytest.raises(CiphertextError, match="more than a ciphertext of these parameters can be"):
         public.split(hdr, 14)

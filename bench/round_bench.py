@@ -1,0 +1,139 @@
+"""Benchmark: encrypted vs plaintext FedAvg rounds, same task, data and run (P2, P3, P6).
+
+For each configuration consortia are created in one temporary directory: with the packed
+BFV codec (``--he bfv``, ``sealfl.common.bfv``), with the default CKKS codec
+(``sealfl.common.ckks``; heart-4 and lora-8 only, to keep ``make bench`` under 20 min) and
+with the benchmark-only plaintext baseline (``sealfl.common.plain``: the same ClientApp
+and ServerApp, shares as float64 in clear; this script opts in for its own child
+processes only). All run the same campaign (Flower simulation on a local Ray, every
+partner required).
+
+| config | task | partners | rounds | gives (BFV; ``_ckks`` keys for CKKS) |
+|---|---|---|---|---|
+| heart-4 | ``heart`` | 4 hospitals | 8 | P2.heart, P3.*, P6.ratio_4 |
+| lora-8 | ``bench-lora-8`` (460,800 values) | 8 | 3 | P2.lora |
+| heart-64 | ``bench-heart-64`` | 64 | 3 | P6.ratio_64 |
+| heart-256 | ``bench-heart-256`` | 256 | 2 | P6.ratio_256 |
+
+- **P2** = median round wall time (train + evaluate, ``rounds.jsonl``) encrypted /
+  plaintext, leaving out round 1 (Ray actor warm-up) when there are more rounds;
+- **P3** = pooled test accuracy after the last round (heart-4), beside FLamby's
+  published pooled 0.776 and FedAvg 0.654;
+- **P6.ratio_N** = peak RSS of the coordinator (the worker process hosting the ServerApp
+  and Flower's simulation driver) encrypted / plaintext at N partners; round times at
+  each N are in ``round.json``.
+
+Run: ``.venv/bin/python bench/round_bench.py [--only heart-4,lora-8]``. Writes
+``bench/results/round.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+OUT = Path(__file__).parent / "results" / "round.json"
+FLAMBY = {"pooled": 0.776, "fedavg": 0.654}
+CONFIGS = {"heart-4": ("heart", 8), "lora-8": ("bench-lora-8", 3), "heart-64": ("bench-heart-64", 3),
+           "heart-256": ("bench-heart-256", 2)}
+WITH_CKKS = ("heart-4", "lora-8")
+
+
+def _median_round(seconds: list[float]) -> float:
+    return statistics.median(seconds[1:] if len(seconds) > 1 else seconds)
+
+
+def run(only: list[str]) -> dict:
+    from sealfl.clients.tasks import get_task
+    from sealfl.common import plain
+    from sealfl.common.codecs import params_for
+    from sealfl.platform.campaign import CampaignSpec, run_campaign
+    from sealfl.platform.consortium import create_consortium
+
+    os.environ[plain.ENV] = plain.ENV_VALUE  # this process and its children only
+    out: dict = {"flamby": FLAMBY, "configs": {}}
+    with tempfile.TemporaryDirectory(prefix="sealfl-round-bench-") as d:
+        for name in only:
+            task_name, rounds = CONFIGS[name]
+            partners = list(get_task(task_name).partners)
+            cfg: dict = {"task": task_name, "partners": len(partners), "rounds": rounds}
+            runs = [("encrypted", params_for("bfv")), ("plaintext", plain.PlainParams())]
+            if name in WITH_CKKS:
+                runs.insert(1, ("ckks", params_for("ckks")))
+            for label, params in runs:
+                cons, _ = create_consortium(Path(d) / f"c-{name}-{label}", f"bench-{label}", partners, params=params,
+                                            task=task_name)
+                t0 = time.perf_counter()
+                res = run_campaign(CampaignSpec(str(cons.dir), str(Path(d) / f"camp-{name}-{label}"), rounds=rounds,
+                                                min_partners=len(partners)))
+                recs = res.rounds
+                cfg[label] = {
+                    "wall_seconds": time.perf_counter() - t0,
+                    "round_seconds": [r["round_seconds"] for r in recs],
+                    "aggregate_seconds": [r.get("aggregate_seconds") for r in recs],
+                    "bytes_in_per_round": recs[-1].get("ciphertext_bytes_in"),
+                    "pooled_test_accuracy": recs[-1]["pooled_test_accuracy"],
+                    "coordinator_peak_rss_bytes": res.coordinator_peak_rss_bytes,
+                }
+                print(f"[round_bench] {name} {label}: rounds {['%.2f' % x for x in cfg[label]['round_seconds']]} s, "
+                      f"coordinator peak RSS {(res.coordinator_peak_rss_bytes or 0) / 2**20:.0f} MiB", flush=True)
+            cfg["round_ratio"] = _median_round(cfg["encrypted"]["round_seconds"]) / \
+                _median_round(cfg["plaintext"]["round_seconds"])
+            e, p = cfg["encrypted"]["coordinator_peak_rss_bytes"], cfg["plaintext"]["coordinator_peak_rss_bytes"]
+            cfg["rss_ratio"] = e / p if e and p else None
+            if "ckks" in cfg:
+                cfg["round_ratio_ckks"] = _median_round(cfg["ckks"]["round_seconds"]) / \
+                    _median_round(cfg["plaintext"]["round_seconds"])
+                k = cfg["ckks"]["coordinator_peak_rss_bytes"]
+                cfg["rss_ratio_ckks"] = k / p if k and p else None
+            out["configs"][name] = cfg
+    c = out["configs"]
+    summary = {}
+    if "heart-4" in c:
+        summary.update({"P2.heart": c["heart-4"]["round_ratio"], "P6.ratio_4": c["heart-4"]["rss_ratio"],
+                        "P3.encrypted": c["heart-4"]["encrypted"]["pooled_test_accuracy"],
+                        "P3.plaintext": c["heart-4"]["plaintext"]["pooled_test_accuracy"],
+                        "P2.heart_ckks": c["heart-4"].get("round_ratio_ckks"),
+                        "P3.encrypted_ckks": c["heart-4"].get("ckks", {}).get("pooled_test_accuracy"),
+                        "P6.ratio_4_ckks": c["heart-4"].get("rss_ratio_ckks")})
+    if "lora-8" in c:
+        summary["P2.lora"] = c["lora-8"]["round_ratio"]
+        summary["P2.lora_ckks"] = c["lora-8"].get("round_ratio_ckks")
+    for n in (64, 256):
+        if f"heart-{n}" in c:
+            summary[f"P6.ratio_{n}"] = c[f"heart-{n}"]["rss_ratio"]
+    out["summary"] = {k: v for k, v in summary.items() if v is not None}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default=",".join(CONFIGS), help=f"comma-separated subset of {list(CONFIGS)}")
+    args = ap.parse_args()
+    res = run([x for x in args.only.split(",") if x])
+    print(f"{'config':10} {'enc round s':>12} {'plain round s':>14} {'ratio':>6} {'enc RSS MiB':>12} "
+          f"{'plain RSS MiB':>14} {'RSS ratio':>9} {'enc acc':>8} {'plain acc':>9}")
+    for name, c in res["configs"].items():
+        e, p = c["encrypted"], c["plaintext"]
+        print(f"{name:10} {_median_round(e['round_seconds']):12.2f} {_median_round(p['round_seconds']):14.2f} "
+              f"{c['round_ratio']:6.3f} {(e['coordinator_peak_rss_bytes'] or 0) / 2**20:12.0f} "
+              f"{(p['coordinator_peak_rss_bytes'] or 0) / 2**20:14.0f} {c['rss_ratio'] or float('nan'):9.3f} "
+              f"{e['pooled_test_accuracy']:8.4f} {p['pooled_test_accuracy']:9.4f}")
+        if "ckks" in c:
+            k = c["ckks"]
+            print(f"{name + ' ckks':10} {_median_round(k['round_seconds']):12.2f} {'':>14} {c['round_ratio_ckks']:6.3f} "
+                  f"{(k['coordinator_peak_rss_bytes'] or 0) / 2**20:12.0f} {'':>14} "
+                  f"{c['rss_ratio_ckks'] or float('nan'):9.3f} {k['pooled_test_accuracy']:8.4f}")
+    print(f"FLamby: pooled {FLAMBY['pooled']}, FedAvg {FLAMBY['fedavg']}")
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(res, indent=2))
+    print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()

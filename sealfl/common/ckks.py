@@ -1,0 +1,305 @@
+"""CKKS codec for encrypted weighted FedAvg (TenSEAL / Microsoft SEAL) -- sealfl's default
+(ARCHITECTURE.md: every partner's update travels as CKKS ciphertext).
+
+A vector is split into chunks of ``slots`` values (``poly_modulus_degree / 2``, one
+CKKS ciphertext each), encrypted and framed (:mod:`sealfl.common.framed`, magic
+``b"SFC2"``; the layout byte is the :data:`~sealfl.common.framed.PACKED` /
+:data:`~sealfl.common.framed.WIDE` of the caller, so statistics never pass for an update).
+Partners encrypt ``n_i w_i`` (``WEIGHTING = "count"``; the BFV codec carries shares
+``(n_i / N) w_i`` instead), range-checked by :func:`check_values`; the layout's packing
+fields and clipping do not apply to CKKS.
+
+Parameters default to NVFlare's HE defaults (N=8192, coefficient moduli [60, 40, 40],
+scale 2^40): 4096 values per ciphertext; the decryption error of a sum of 64 partners'
+values is ~1e-8 here (tests/test_ckks.py). log2 q = 140 <= 218, the HomomorphicEncryption.org
+standard's 128-bit row for n = 8192 (SEAL enforces it). Additions only: no relinearisation
+or Galois keys (Galois keys alone make a public context ~35 MB). The aggregator's context
+holds the public key but no secret key.
+
+What a frame from outside must satisfy before anything adds it (issue 5): (1) size
+before parsing and (2) header -- :meth:`FramedCodec.split`; (3) per chunk: it parses
+under this context, holds the expected number of values, is **canonical** (re-serialising
+the parsed vector gives back exactly the bytes received: TenSEAL's protobuf parser skips
+unknown fields, so a valid ciphertext followed by an unknown 64 MiB field parses --
+measured with TenSEAL 0.3.18), and has a fresh ciphertext's shape: 2 polynomials, NTT
+form, not transparent, the context's first data level (``parms_id``, prime count) and
+scale exactly ``2**scale_bits``; (4) a **trial addition** to a fresh encryption of zeros
+(SEAL's ``add`` checks ``parms_id``, NTT form and scale), so a chunk that passes cannot
+make a later sum raise.
+
+Decryptions carry noise that depends on the secret key: key holders round them before
+anything leaves (:mod:`sealfl.common.decrypted`, Li and Micciancio, ePrint 2020/1533).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from .errors import CiphertextError, SecretKeyMissingError
+from .framed import PACKED, ChunkedParams, FramedCodec, Layout
+
+__all__ = ["MAGIC", "CKKSParams", "CKKSCodec", "context_id", "check_values", "MAX_ABS"]
+
+MAGIC = b"SFC2"
+
+
+@dataclass(frozen=True)
+class CKKSParams(ChunkedParams):
+    """CKKS parameters.
+
+    Attributes:
+        poly_modulus_degree: ring dimension N (power of two); slots per ciphertext = N/2.
+        coeff_mod_bit_sizes: bit sizes of the coefficient modulus primes (SEAL); the last
+            is the special (key-switching) prime, not part of a fresh ciphertext.
+        scale_bits: log2 of the encoding scale (``global_scale = 2**scale_bits``).
+    Source: NVFlare HE defaults; SEAL manual, "CKKS basics" example.
+    """
+
+    poly_modulus_degree: int = 8192
+    coeff_mod_bit_sizes: tuple[int, ...] = field(default=(60, 40, 40))
+    scale_bits: int = 40
+
+    @property
+    def slots(self) -> int:
+        """Real values one ciphertext holds (N / 2)."""
+        return self.poly_modulus_degree // 2
+
+    @property
+    def data_primes(self) -> int:
+        """Primes of a fresh ciphertext's modulus: all but SEAL's special (key) prime."""
+        return len(self.coeff_mod_bit_sizes) - 1
+
+    def values_per_slot(self, layout: Layout) -> int:
+        """One real value per CKKS slot, whatever the layout."""
+        return 1
+
+    @property
+    def max_chunk_bytes(self) -> int:
+        """Upper bound (bytes) of one serialised fresh ciphertext: 2 polynomials x N x
+        ``data_primes`` uint64 residues (SEAL manual, "Ciphertext"), plus zstd's worst case
+        ``n/256`` (``ZSTD_COMPRESSBOUND``, zstd.h) and 4096 bytes for SEAL's header,
+        metadata and TenSEAL's protobuf wrapper. Defaults: 262,144 raw -> 267,264; fresh
+        chunks measured ~235,000 bytes (TenSEAL 0.3.18)."""
+        raw = 2 * self.poly_modulus_degree * self.data_primes * 8
+        return raw + raw // 256 + 4096
+
+    def to_dict(self) -> dict:
+        return {"scheme": "CKKS", "poly_modulus_degree": self.poly_modulus_degree,
+                "coeff_mod_bit_sizes": list(self.coeff_mod_bit_sizes), "scale_bits": self.scale_bits}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CKKSParams":
+        """Raises CiphertextError unless ``d`` is a CKKS parameter dict."""
+        try:
+            if d["scheme"] != "CKKS":
+                raise CiphertextError(f"HE parameters name scheme {d['scheme']!r}, expected 'CKKS'")
+            return cls(int(d["poly_modulus_degree"]), tuple(int(x) for x in d["coeff_mod_bit_sizes"]),
+                       int(d["scale_bits"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CiphertextError(f"not a CKKS parameter dict: {exc!r}") from exc
+
+
+def _ts():
+    import tenseal as ts  # lazily: devices never install tenseal
+    import tenseal.sealapi  # noqa: F401  registers SEAL's types (Modulus, ...) for the parameter checks
+
+    return ts
+
+
+def context_id(public_context_bytes: bytes) -> bytes:
+    """32-byte id of a CKKS context: SHA-256 of its public serialisation (which holds the
+    campaign's fresh public key, so no two key ceremonies share an id)."""
+    return hashlib.sha256(b"sealfl-ckks-context\0" + public_context_bytes).digest()
+
+
+#: largest ``|value|`` one partner may encrypt: a fresh ciphertext's modulus is
+#: 60 + 40 = 100 bits and the scale 2^40, so sums of up to 2^18 partners stay far below
+#: the 2^59 at which decoding wraps
+MAX_ABS = 2.0**40
+
+
+def check_values(values: np.ndarray, layout: Layout) -> np.ndarray:
+    """``values`` as float64 (1-D), checked for what CKKS can carry under ``layout``.
+
+    CKKS partners encrypt ``n_i w_i`` (the codec's ``"count"`` weighting), so the packed
+    layout's clipping of shares to ±8 does not apply; every value must be finite and
+    below :data:`MAX_ABS` (and below ``layout.max_abs`` for layouts that do not clip).
+
+    Raises CiphertextError for a non-1-D vector, NaN/inf, or an out-of-range value."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.ndim != 1:
+        raise CiphertextError(f"expected a 1-D vector, got shape {v.shape}")
+    if not np.all(np.isfinite(v)):
+        raise CiphertextError("cannot encrypt NaN or infinite values")
+    limit = MAX_ABS if layout.clip is not None else min(MAX_ABS, layout.max_abs)
+    if v.size and float(np.max(np.abs(v))) >= limit:
+        raise CiphertextError(f"value {float(np.max(np.abs(v))):.6g} is beyond the CKKS range ±{limit:g}")
+    return v
+
+
+class CKKSCodec(FramedCodec):
+    """Encrypt, add and decrypt framed CKKS vectors under one TenSEAL context.
+
+    :meth:`generate` makes a secret context (key ceremony); :meth:`from_bytes` loads one.
+    The aggregator's context (:meth:`public_context_bytes`) has no secret key: it can
+    encrypt and add, never decrypt.
+    """
+
+    MAGIC = MAGIC
+    SCHEME = "CKKS"
+    #: partners encrypt ``n_i w_i`` (:func:`sealfl.common.decrypted.update_share`)
+    WEIGHTING = "count"
+
+    def __init__(self, context, params: CKKSParams, ctx_id: bytes):
+        self._ctx = context
+        self.params = params
+        self.context_id = ctx_id
+        self._zeros: dict[int, object] = {}  # vector size -> fresh encryption of zeros
+
+    @classmethod
+    def generate(cls, params: CKKSParams | None = None) -> "CKKSCodec":
+        """Key ceremony: a fresh secret CKKS context (no relinearisation/Galois keys)."""
+        ts = _ts()
+        params = params or CKKSParams()
+        ctx = ts.context(ts.SCHEME_TYPE.CKKS, poly_modulus_degree=params.poly_modulus_degree,
+                         coeff_mod_bit_sizes=list(params.coeff_mod_bit_sizes))
+        ctx.global_scale = 2.0**params.scale_bits
+        codec = cls(ctx, params, b"")
+        codec.context_id = context_id(codec.public_context_bytes())
+        return codec
+
+    @classmethod
+    def from_bytes(cls, context_bytes: bytes, params: CKKSParams, ctx_id: bytes) -> "CKKSCodec":
+        """Load a serialised context. Raises CiphertextError if it is not a TenSEAL CKKS
+        context with ``params`` (N, primes)."""
+        ts = _ts()
+        try:
+            ctx = ts.context_from(bytes(context_bytes))
+            d = ctx.seal_context().data.key_context_data().parms()
+            primes = [m.value().bit_length() for m in d.coeff_modulus()]
+            n = d.poly_modulus_degree()
+        except Exception as exc:  # TenSEAL raises ValueError/RuntimeError/TypeError
+            raise CiphertextError(f"not a TenSEAL CKKS context: {exc}") from exc
+        if n != params.poly_modulus_degree or tuple(primes) != tuple(params.coeff_mod_bit_sizes):
+            raise CiphertextError(f"context parameters N={n}, primes {primes} differ from the campaign's "
+                                  f"{params.to_dict()}")
+        ctx.global_scale = 2.0**params.scale_bits
+        return cls(ctx, params, ctx_id)
+
+    def public_context_bytes(self) -> bytes:
+        """The aggregator's context: public key, no secret, relinearisation or Galois keys."""
+        return self._ctx.serialize(save_public_key=True, save_secret_key=False, save_galois_keys=False,
+                                   save_relin_keys=False)
+
+    def secret_context_bytes(self) -> bytes:
+        """The context including the secret key. Handle as a secret."""
+        if not self.has_secret_key:
+            raise SecretKeyMissingError("this CKKS context holds no secret key")
+        return self._ctx.serialize(save_public_key=True, save_secret_key=True, save_galois_keys=False,
+                                   save_relin_keys=False)
+
+    @property
+    def has_secret_key(self) -> bool:
+        """True if the loaded context holds the secret key."""
+        return bool(self._ctx.is_private())
+
+    def encrypt(self, vector: np.ndarray, layout: Layout = PACKED) -> bytes:
+        """Encrypt a 1-D real vector (used as float64) under ``layout``; returns a frame.
+
+        Raises CiphertextError for a non-1-D or non-finite vector or an out-of-range value
+        (:func:`check_values`).
+        """
+        ts = _ts()
+        v = check_values(vector, layout)
+        n = self.params.slots
+        chunks = [ts.ckks_vector(self._ctx, v[i:i + n].tolist()).serialize() for i in range(0, v.size, n)] \
+            if v.size else [ts.ckks_vector(self._ctx, [0.0]).serialize()]
+        return self.frame(v.size, chunks, layout)
+
+    def load_chunks(self, chunks: Sequence[bytes], length: int, layout: Layout = PACKED, first: int = 0, *,
+                    checked: bool = False) -> list:
+        """Parse and check chunks ``first, first+1, ...`` of a ``length``-value frame (rules
+        3-4 of the module docstring). Returns CKKSVectors. Raises CiphertextError naming
+        the chunk and the failed check.
+
+        ``checked=True`` only for bytes that already passed this method in this process
+        (the aggregator's sum): parse and value count only."""
+        ts = _ts()
+        out = []
+        for k, c in enumerate(chunks):
+            i = first + k
+            c = bytes(c)
+            if len(c) > self.params.max_chunk_bytes:
+                raise CiphertextError(f"chunk {i} is {len(c)} bytes, more than a ciphertext of these parameters can "
+                                      f"be ({self.params.max_chunk_bytes})")
+            try:
+                vec = ts.ckks_vector_from(self._ctx, c)
+            except Exception as exc:  # TenSEAL raises ValueError/RuntimeError
+                raise CiphertextError(f"chunk {i} is not a ciphertext of this CKKS context: {exc}") from exc
+            want = self.slots_in_chunk(i, length, layout)
+            if vec.size() != want:
+                raise CiphertextError(f"chunk {i} holds {vec.size()} values, expected {want}")
+            if not checked:
+                self._check_fresh_shape(i, vec, c)
+            out.append(vec)
+        return out
+
+    def _zero(self, size: int):
+        """A fresh encryption of ``size`` zeros under this context (cached; the public key suffices)."""
+        if size not in self._zeros:
+            self._zeros[size] = _ts().ckks_vector(self._ctx, [0.0] * size)
+        return self._zeros[size]
+
+    def _check_fresh_shape(self, i: int, vec, raw: bytes) -> None:
+        try:
+            canonical = vec.serialize()
+        except Exception as exc:  # TenSEAL raises ValueError/RuntimeError
+            raise CiphertextError(f"chunk {i} does not re-serialise: {exc}") from exc
+        if canonical != raw:
+            raise CiphertextError(f"chunk {i} is not in canonical form ({len(raw)} bytes received, "
+                                  f"{len(canonical)} after re-serialisation): extra or altered bytes")
+        cts = vec.ciphertext()
+        if len(cts) != 1:
+            raise CiphertextError(f"chunk {i} holds {len(cts)} ciphertexts, expected 1")
+        ct = cts[0]
+        zero = self._zero(vec.size()).ciphertext()[0]
+        want_scale = 2.0**self.params.scale_bits
+        problems = []
+        if ct.size() != 2:
+            problems.append(f"{ct.size()} polynomials (a fresh ciphertext has 2)")
+        if not ct.is_ntt_form():
+            problems.append("not in NTT form")
+        if ct.is_transparent():
+            problems.append("transparent (not encrypted)")
+        if ct.coeff_modulus_size() != self.params.data_primes or list(ct.parms_id()) != list(zero.parms_id()):
+            problems.append(f"at another modulus level ({ct.coeff_modulus_size()} primes, expected "
+                            f"{self.params.data_primes})")
+        if ct.scale != want_scale:
+            problems.append(f"scale 2^{math.log2(ct.scale) if ct.scale > 0 else float('nan'):.2f}, "
+                            f"expected 2^{self.params.scale_bits}")
+        if problems:
+            raise CiphertextError(f"chunk {i} cannot be added to this campaign's ciphertexts: " + "; ".join(problems))
+        try:
+            self._zero(vec.size()) + vec
+        except Exception as exc:  # SEAL: ValueError "scale mismatch", "parameter mismatch", ...
+            raise CiphertextError(f"chunk {i} fails a trial addition to an encryption of zeros: {exc}") from exc
+
+    def decrypt(self, blob: bytes, expected_length: int | None = None, layout: Layout = PACKED) -> np.ndarray:
+        """Decrypt a frame into float64 (length,) -- with CKKS noise: round before publishing
+        (:mod:`sealfl.common.decrypted`).
+
+        Raises SecretKeyMissingError without the secret key; CiphertextError for an
+        invalid frame.
+        """
+        if not self.has_secret_key:
+            raise SecretKeyMissingError("this CKKS context holds no secret key; only key holders (partners, the "
+                                        "release enclave) can decrypt")
+        length, chunks = self.split(blob, expected_length, layout)
+        vecs = self.load_chunks(chunks, length, layout)
+        out = np.concatenate([np.asarray(v.decrypt(), dtype=np.float64) for v in vecs])
+        return out[:length]

@@ -1,0 +1,189 @@
+"""What every sealfl HE codec shares: value layouts, the frame around a vector's
+ciphertext chunks, and the size/header checks a frame from outside passes before any
+chunk is parsed (issue 5's rules 1-2).
+
+A codec (:mod:`sealfl.common.ckks`, :mod:`sealfl.common.bfv`) subclasses
+:class:`FramedCodec` and provides ``MAGIC``, ``encrypt``, ``load_chunks`` (rules 3-4:
+parse, canonical bytes, fresh-ciphertext shape, trial addition) and ``decrypt``; its
+parameters subclass :class:`ChunkedParams`.
+
+Frame layout (little-endian)::
+
+    MAGIC (4 B) | u8 version=1 | u8 layout id | 32 B context id | u32 length | u32 n_chunks
+    then n_chunks x ( u32 nbytes | nbytes of one serialised ciphertext chunk )
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Sequence
+
+from .errors import CiphertextError
+
+__all__ = ["Layout", "PACKED", "WIDE", "LAYOUTS", "ChunkedParams", "FramedCodec", "HEADER", "LEN"]
+
+VERSION = 1
+HEADER = struct.Struct("<4sBB32sII")
+LEN = struct.Struct("<I")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How real values are laid out in a campaign's ciphertexts.
+
+    Attributes:
+        id: the frame header byte (a frame is only checked against the layout its caller expects).
+        per_slot: values packed into one integer slot (BFV; CKKS always holds one per slot).
+        bits: width of one packed field (bits, including sign; BFV).
+        frac_bits: fixed-point fraction bits (BFV: value = integer * 2**-frac_bits).
+        clip: values are clipped to ``±clip`` before encryption (None: refused when out of
+            range instead, see :attr:`max_abs`).
+        max_abs: largest ``|value|`` one partner may encrypt (after clipping).
+    """
+
+    id: int
+    per_slot: int
+    bits: int
+    frac_bits: int
+    clip: float | None
+    max_abs: float
+
+
+#: model updates (shares ``(n_i/N) w_i``): clipped to ±(8 - 2^-10), Flower SecAgg+'s default
+#: clipping range; BFV packs two 27-bit fields per slot at step 2^-23
+PACKED = Layout(id=1, per_slot=2, bits=27, frac_bits=23, clip=8.0 - 2.0**-10, max_abs=8.0 - 2.0**-10)
+#: statistics ``[n, Σx, Σx²]``: one value per slot, |value| < 2^34 per partner (BFV step 2^-12)
+WIDE = Layout(id=2, per_slot=1, bits=53, frac_bits=12, clip=None, max_abs=2.0**34)
+LAYOUTS = {PACKED.id: PACKED, WIDE.id: WIDE}
+
+
+class ChunkedParams:
+    """Chunk arithmetic shared by codec parameter classes. Subclasses define
+    :attr:`slots`, :meth:`values_per_slot` and :attr:`max_chunk_bytes`."""
+
+    slots: int
+    max_chunk_bytes: int
+
+    def values_per_slot(self, layout: Layout) -> int:
+        """Real values one slot carries under ``layout``."""
+        raise NotImplementedError
+
+    def values_per_chunk(self, layout: Layout) -> int:
+        """Real values one ciphertext carries under ``layout``."""
+        return self.slots * self.values_per_slot(layout)
+
+    def n_chunks(self, length: int, layout: Layout) -> int:
+        """Ciphertexts a ``length``-value vector needs (at least 1)."""
+        return max(1, -(-int(length) // self.values_per_chunk(layout)))
+
+    def max_frame_bytes(self, length: int, layout: Layout = PACKED) -> int:
+        """Upper bound (bytes) of a frame of ``length`` values under ``layout``."""
+        return HEADER.size + self.n_chunks(length, layout) * (LEN.size + self.max_chunk_bytes)
+
+
+class FramedCodec:
+    """Framing, frame checks and chunk-wise sums over a subclass's ciphertexts.
+
+    Subclasses set ``MAGIC`` (4 bytes) and ``SCHEME`` (a name for messages), have
+    ``params`` (a :class:`ChunkedParams`) and ``context_id`` (32 bytes), and implement
+    ``load_chunks(chunks, length, layout, first=0, *, checked=False)``.
+    """
+
+    MAGIC: bytes = b""
+    SCHEME: str = ""
+    params: ChunkedParams
+    context_id: bytes
+
+    def frame(self, length: int, chunks: Sequence[bytes], layout: Layout = PACKED) -> bytes:
+        """Pack serialised chunks of a ``length``-value vector into one frame (bytes)."""
+        parts = [HEADER.pack(self.MAGIC, VERSION, layout.id, self.context_id, length, len(chunks))]
+        for c in chunks:
+            parts += [LEN.pack(len(c)), c]
+        return b"".join(parts)
+
+    def slots_in_chunk(self, i: int, length: int, layout: Layout) -> int:
+        """Slots chunk ``i`` of a ``length``-value vector holds (at least 1)."""
+        used = -(-max(int(length), 0) // self.params.values_per_slot(layout))
+        return max(1, min(self.params.slots, used - i * self.params.slots)) if used else 1
+
+    def split(self, blob: bytes, expected_length: int | None = None,
+              layout: Layout = PACKED) -> tuple[int, list[bytes]]:
+        """Check a frame's size and header and return ``(length, chunk bytes)``.
+
+        Raises CiphertextError: over the size bound (checked before anything is parsed),
+        bad magic/version, another layout or context, another length, a wrong chunk
+        count, a chunk over its bound, truncated or trailing bytes.
+        """
+        blob = bytes(blob)
+        p = self.params
+        if expected_length is not None and len(blob) > p.max_frame_bytes(expected_length, layout):
+            raise CiphertextError(f"ciphertext frame of {len(blob)} bytes exceeds the bound of "
+                                  f"{p.max_frame_bytes(expected_length, layout)} bytes for {expected_length} values")
+        if len(blob) < HEADER.size:
+            raise CiphertextError(f"ciphertext frame too short ({len(blob)} bytes)")
+        magic, version, lid, cid, length, n = HEADER.unpack_from(blob)
+        if magic != self.MAGIC or version != VERSION:
+            raise CiphertextError(f"not a sealfl {self.SCHEME} frame (bad magic or version)")
+        if lid != layout.id:
+            raise CiphertextError(f"frame uses value layout {lid}, expected {layout.id}")
+        if cid != self.context_id:
+            raise CiphertextError(f"ciphertext was made under context {cid.hex()[:16]}…, this campaign's is "
+                                  f"{self.context_id.hex()[:16]}…")
+        if expected_length is not None and length != expected_length:
+            raise CiphertextError(f"ciphertext holds {length} values, expected {expected_length}")
+        if n != p.n_chunks(length, layout):
+            raise CiphertextError(f"{n} ciphertext chunks for {length} values, expected {p.n_chunks(length, layout)}")
+        if len(blob) > p.max_frame_bytes(length, layout):
+            raise CiphertextError(f"ciphertext frame of {len(blob)} bytes exceeds the bound of "
+                                  f"{p.max_frame_bytes(length, layout)} bytes for {length} values")
+        off, chunks = HEADER.size, []
+        for i in range(n):
+            if off + LEN.size > len(blob):
+                raise CiphertextError("ciphertext frame truncated")
+            (size,) = LEN.unpack_from(blob, off)
+            off += LEN.size
+            if size > p.max_chunk_bytes:
+                raise CiphertextError(f"chunk {i} is {size} bytes, more than a ciphertext of these parameters can be "
+                                      f"({p.max_chunk_bytes})")
+            if off + size > len(blob):
+                raise CiphertextError("ciphertext frame truncated")
+            chunks.append(blob[off:off + size])
+            off += size
+        if off != len(blob):
+            raise CiphertextError(f"{len(blob) - off} trailing bytes after the ciphertext frame")
+        return length, chunks
+
+    def load_chunks(self, chunks: Sequence[bytes], length: int, layout: Layout = PACKED, first: int = 0, *,
+                    checked: bool = False) -> list:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def parse(self, blob: bytes, expected_length: int | None = None, layout: Layout = PACKED) -> list:
+        """:meth:`split` then :meth:`load_chunks`; returns the parsed chunk vectors."""
+        length, chunks = self.split(blob, expected_length, layout)
+        return self.load_chunks(chunks, length, layout)
+
+    def sum_chunk(self, i: int, chunks: Sequence[bytes], length: int, layout: Layout = PACKED) -> bytes:
+        """Add chunk ``i`` of several partners' frames (``chunks``, one per partner, each
+        already validated by :meth:`load_chunks` -- only parsed again here) without
+        decrypting; returns the serialised sum. Parses one chunk at a time into a running
+        accumulator. Raises CiphertextError."""
+        acc = None
+        for c in chunks:
+            (v,) = self.load_chunks([c], length, layout, first=i, checked=True)
+            acc = v if acc is None else acc + v
+        if acc is None:
+            raise CiphertextError("nothing to add")
+        return acc.serialize()
+
+    def sum_frames(self, blobs: Sequence[bytes], expected_length: int, layout: Layout = PACKED) -> bytes:
+        """Sum frames slot-wise without decrypting (no key needed), one chunk index at a
+        time. Raises CiphertextError on the first invalid frame or if ``blobs`` is empty."""
+        if not blobs:
+            raise CiphertextError("nothing to add")
+        split = [self.split(b, expected_length, layout)[1] for b in blobs]
+        for chunks in split:
+            self.load_chunks(chunks, expected_length, layout)
+        out = [self.sum_chunk(i, [chunks[i] for chunks in split], expected_length, layout)
+               for i in range(len(split[0]))]
+        return self.frame(expected_length, out, layout)
