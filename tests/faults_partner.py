@@ -35,6 +35,7 @@ from flwr.clientapp import ClientApp
 
 from sealfl.clients import app as capp
 from sealfl.clients.kit import kit_dir, load_kit
+from sealfl.common.bfv import _read_varint, _varint  # TenSEAL protobuf varints
 from sealfl.common import protocol as P
 
 PHASE = {
@@ -46,26 +47,6 @@ PHASE = {
 
 def _partner(consortium_dir: str, pid: int) -> str:
     return json.loads((Path(consortium_dir) / "consortium.json").read_text())["partners"][pid]
-
-
-def _varint(n: int) -> bytes:
-    out = b""
-    while True:
-        b, n = n & 0x7F, n >> 7
-        if n:
-            out += bytes([b | 0x80])
-        else:
-            return out + bytes([b])
-
-
-def _read_varint(b: bytes, i: int) -> tuple[int, int]:
-    v = shift = 0
-    while True:
-        v |= (b[i] & 0x7F) << shift
-        shift += 7
-        i += 1
-        if not b[i - 1] & 0x80:
-            return v, i
 
 
 def rescale_chunk(codec, chunk: bytes, scale_bits: int) -> bytes:

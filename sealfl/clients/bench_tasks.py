@@ -15,24 +15,11 @@ as ``bench-heart-64``, ``bench-heart-256`` and ``bench-lora-8``; nothing but
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import numpy as np
 
-from .data import HOSPITALS, load_partition
+from .data import HOSPITALS, Partition, load_partition
 from .task import HeartTask
-
-
-@dataclass(frozen=True)
-class _Split:
-    x_train: np.ndarray
-    y_train: np.ndarray
-    x_test: np.ndarray
-    y_test: np.ndarray
-
-    @property
-    def n_train(self) -> int:
-        return len(self.y_train)
 
 
 class SplitHeartTask:
@@ -66,12 +53,12 @@ class SplitHeartTask:
                                        for a in ("x_train", "y_train", "x_test", "y_test"))
         return self._pooled[seed]
 
-    def load_data(self, partner: str, config) -> _Split:
+    def load_data(self, partner: str, config) -> Partition:
         j = self.partners.index(partner)
         xtr, ytr, xte, yte = self._pool(int(config.get("data-seed", 42)))
         t = j % min(self.k, len(yte))
         step_t = min(self.k, len(yte))
-        return _Split(xtr[j::self.k], ytr[j::self.k], xte[t::step_t], yte[t::step_t])
+        return Partition(partner, xtr[j::self.k], ytr[j::self.k], xte[t::step_t], yte[t::step_t])
 
     def local_stats(self, data) -> np.ndarray:
         from .stats import local_sums

@@ -79,12 +79,11 @@ import logging
 import os
 import struct
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
 from .errors import CiphertextError, SecretKeyMissingError
-from .framed import LAYOUTS, PACKED, WIDE, ChunkedParams, FramedCodec, Layout
+from .framed import LAYOUTS, PACKED, WIDE, ChunkedParams, FramedCodec, Layout, tenseal
 
 __all__ = ["MAGIC", "BFVParams", "BFVCodec", "quantize", "pack", "unpack", "framing_problem", "context_id",
            "Layout", "PACKED", "WIDE", "LAYOUTS"]
@@ -114,24 +113,9 @@ class BFVParams(ChunkedParams):
         """Integer slots per ciphertext (BFV batching: N)."""
         return self.poly_modulus_degree
 
-    @property
-    def data_primes(self) -> int:
-        """Primes of a fresh ciphertext's modulus (all but the special prime)."""
-        return len(self.coeff_mod_bit_sizes) - 1
-
     def values_per_slot(self, layout: Layout) -> int:
         """Real values one slot carries: ``layout.per_slot`` fixed-point fields."""
         return layout.per_slot
-
-    @property
-    def max_chunk_bytes(self) -> int:
-        """Upper bound (bytes) of one serialised fresh ciphertext: 2 polynomials x N x
-        ``data_primes`` uint64 residues (SEAL manual, "Ciphertext"), plus zstd's worst
-        case ``n/256`` (``ZSTD_COMPRESSBOUND``, zstd.h) and 4096 bytes for SEAL's header,
-        metadata and TenSEAL's protobuf wrapper. Defaults: 131,072 raw -> 135,680; fresh
-        chunks measured ~68,900 bytes (TenSEAL 0.3.18)."""
-        raw = 2 * self.poly_modulus_degree * self.data_primes * 8
-        return raw + raw // 256 + 4096
 
     def to_dict(self) -> dict:
         return {"scheme": "BFV", "poly_modulus_degree": self.poly_modulus_degree,
@@ -147,13 +131,6 @@ class BFVParams(ChunkedParams):
                        int(d["plain_modulus_bits"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise CiphertextError(f"not a BFV parameter dict: {exc!r}") from exc
-
-
-def _ts():
-    import tenseal as ts  # lazily: devices never install tenseal
-    import tenseal.sealapi  # noqa: F401  registers SEAL's types (Modulus, ...) for the parameter checks
-
-    return ts
 
 
 def quantize(values: np.ndarray, layout: Layout) -> np.ndarray:
@@ -274,6 +251,7 @@ class BFVCodec(FramedCodec):
 
     MAGIC = MAGIC
     SCHEME = "BFV"
+    SAVES_PUBLIC_KEY = False  # symmetric: the aggregator's context holds no key at all
     #: partners encrypt ``(n_i / N) w_i`` (:func:`sealfl.common.decrypted.update_share`)
     WEIGHTING = "share"
 
@@ -287,7 +265,7 @@ class BFVCodec(FramedCodec):
     @classmethod
     def generate(cls, params: BFVParams | None = None) -> "BFVCodec":
         """Key ceremony: a fresh symmetric BFV context holding the secret key."""
-        ts = _ts()
+        ts = tenseal()
         import tenseal.sealapi as sealapi
 
         params = params or BFVParams()
@@ -303,36 +281,12 @@ class BFVCodec(FramedCodec):
     def from_bytes(cls, context_bytes: bytes, params: BFVParams, ctx_id: bytes) -> "BFVCodec":
         """Load a serialised context. Raises CiphertextError if it is not a TenSEAL BFV
         context with ``params`` (N, primes, plain modulus)."""
-        ts = _ts()
-        try:
-            ctx = ts.context_from(bytes(context_bytes))
-            d = ctx.seal_context().data.key_context_data().parms()
-            primes = [m.value().bit_length() for m in d.coeff_modulus()]
-            n, t = d.poly_modulus_degree(), d.plain_modulus().value()
-        except Exception as exc:  # TenSEAL raises ValueError/RuntimeError/TypeError
-            raise CiphertextError(f"not a TenSEAL BFV context: {exc}") from exc
-        if n != params.poly_modulus_degree or tuple(primes) != tuple(params.coeff_mod_bit_sizes) \
-                or t.bit_length() != params.plain_modulus_bits:
-            raise CiphertextError(f"context parameters N={n}, primes {primes}, t of {t.bit_length()} bits differ "
-                                  f"from the campaign's {params.to_dict()}")
+        ctx, parms = cls._load_context(context_bytes, params)
+        t = parms.plain_modulus().value()
+        if t.bit_length() != params.plain_modulus_bits:
+            raise CiphertextError(f"context plain modulus of {t.bit_length()} bits differs from the campaign's "
+                                  f"{params.to_dict()}")
         return cls(ctx, params, ctx_id)
-
-    def public_context_bytes(self) -> bytes:
-        """The aggregator's context: parameters only, no secret, public, relin or Galois keys."""
-        return self._ctx.serialize(save_public_key=False, save_secret_key=False, save_galois_keys=False,
-                                   save_relin_keys=False)
-
-    def secret_context_bytes(self) -> bytes:
-        """The context including the secret key. Handle as a secret."""
-        if not self.has_secret_key:
-            raise SecretKeyMissingError("this BFV context holds no secret key")
-        return self._ctx.serialize(save_public_key=False, save_secret_key=True, save_galois_keys=False,
-                                   save_relin_keys=False)
-
-    @property
-    def has_secret_key(self) -> bool:
-        """True if the loaded context holds the secret key."""
-        return bool(self._ctx.is_private())
 
     # ---- encrypt / frame ----------------------------------------------------------------
     def encrypt(self, vector: np.ndarray, layout: Layout = PACKED) -> bytes:
@@ -343,7 +297,7 @@ class BFVCodec(FramedCodec):
         """
         if not self.has_secret_key:
             raise SecretKeyMissingError("only key holders encrypt (symmetric BFV): this context has no secret key")
-        ts = _ts()
+        ts = tenseal()
         q = quantize(vector, layout)
         slots = pack(q, layout)
         n = self.params.slots
@@ -353,37 +307,16 @@ class BFVCodec(FramedCodec):
         return self.frame(q.size, chunks, layout)
 
     # ---- checks (issue 5's rules 3-4; 1-2 are FramedCodec.split) -------------------------
-    def load_chunks(self, chunks: Sequence[bytes], length: int, layout: Layout = PACKED, first: int = 0, *,
-                    checked: bool = False) -> list:
-        """Parse and check chunks ``first, first+1, ...`` of a ``length``-value frame (steps
-        3-4 of the module docstring). Returns BFVVectors. Raises CiphertextError naming
-        the chunk and the failed check.
+    def _check_bytes(self, i: int, raw: bytes, slots: int) -> None:
+        problem = framing_problem(raw, slots)
+        if problem:
+            raise CiphertextError(f"chunk {i} is not in canonical form: {problem}")
 
-        ``checked=True`` only for bytes that already passed this method in this process
-        (the aggregator's sum): parse and slot count only."""
-        ts = _ts()
-        out = []
-        for k, c in enumerate(chunks):
-            i = first + k
-            c = bytes(c)
-            if len(c) > self.params.max_chunk_bytes:
-                raise CiphertextError(f"chunk {i} is {len(c)} bytes, more than a ciphertext of these parameters can "
-                                      f"be ({self.params.max_chunk_bytes})")
-            want = self.slots_in_chunk(i, length, layout)
-            if not checked:
-                problem = framing_problem(c, want)
-                if problem:
-                    raise CiphertextError(f"chunk {i} is not in canonical form: {problem}")
-            try:
-                vec = ts.bfv_vector_from(self._ctx, c)
-            except Exception as exc:  # TenSEAL raises ValueError/RuntimeError
-                raise CiphertextError(f"chunk {i} is not a ciphertext of this BFV context: {exc}") from exc
-            if vec.size() != want:
-                raise CiphertextError(f"chunk {i} holds {vec.size()} slots, expected {want}")
-            if not checked:
-                self._check_fresh_shape(i, vec)
-            out.append(vec)
-        return out
+    def _parse_chunk(self, raw: bytes):
+        return tenseal().bfv_vector_from(self._ctx, raw)
+
+    def _check_parsed(self, i: int, vec, raw: bytes) -> None:
+        self._check_fresh_shape(i, vec)
 
     def _check_fresh_shape(self, i: int, vec) -> None:
         cts = vec.ciphertext()

@@ -36,12 +36,11 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
 from .errors import CiphertextError, SecretKeyMissingError
-from .framed import PACKED, ChunkedParams, FramedCodec, Layout
+from .framed import PACKED, ChunkedParams, FramedCodec, Layout, tenseal
 
 __all__ = ["MAGIC", "CKKSParams", "CKKSCodec", "context_id", "check_values", "MAX_ABS"]
 
@@ -69,24 +68,9 @@ class CKKSParams(ChunkedParams):
         """Real values one ciphertext holds (N / 2)."""
         return self.poly_modulus_degree // 2
 
-    @property
-    def data_primes(self) -> int:
-        """Primes of a fresh ciphertext's modulus: all but SEAL's special (key) prime."""
-        return len(self.coeff_mod_bit_sizes) - 1
-
     def values_per_slot(self, layout: Layout) -> int:
         """One real value per CKKS slot, whatever the layout."""
         return 1
-
-    @property
-    def max_chunk_bytes(self) -> int:
-        """Upper bound (bytes) of one serialised fresh ciphertext: 2 polynomials x N x
-        ``data_primes`` uint64 residues (SEAL manual, "Ciphertext"), plus zstd's worst case
-        ``n/256`` (``ZSTD_COMPRESSBOUND``, zstd.h) and 4096 bytes for SEAL's header,
-        metadata and TenSEAL's protobuf wrapper. Defaults: 262,144 raw -> 267,264; fresh
-        chunks measured ~235,000 bytes (TenSEAL 0.3.18)."""
-        raw = 2 * self.poly_modulus_degree * self.data_primes * 8
-        return raw + raw // 256 + 4096
 
     def to_dict(self) -> dict:
         return {"scheme": "CKKS", "poly_modulus_degree": self.poly_modulus_degree,
@@ -102,13 +86,6 @@ class CKKSParams(ChunkedParams):
                        int(d["scale_bits"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise CiphertextError(f"not a CKKS parameter dict: {exc!r}") from exc
-
-
-def _ts():
-    import tenseal as ts  # lazily: devices never install tenseal
-    import tenseal.sealapi  # noqa: F401  registers SEAL's types (Modulus, ...) for the parameter checks
-
-    return ts
 
 
 def context_id(public_context_bytes: bytes) -> bytes:
@@ -164,7 +141,7 @@ class CKKSCodec(FramedCodec):
     @classmethod
     def generate(cls, params: CKKSParams | None = None) -> "CKKSCodec":
         """Key ceremony: a fresh secret CKKS context (no relinearisation/Galois keys)."""
-        ts = _ts()
+        ts = tenseal()
         params = params or CKKSParams()
         ctx = ts.context(ts.SCHEME_TYPE.CKKS, poly_modulus_degree=params.poly_modulus_degree,
                          coeff_mod_bit_sizes=list(params.coeff_mod_bit_sizes))
@@ -177,36 +154,9 @@ class CKKSCodec(FramedCodec):
     def from_bytes(cls, context_bytes: bytes, params: CKKSParams, ctx_id: bytes) -> "CKKSCodec":
         """Load a serialised context. Raises CiphertextError if it is not a TenSEAL CKKS
         context with ``params`` (N, primes)."""
-        ts = _ts()
-        try:
-            ctx = ts.context_from(bytes(context_bytes))
-            d = ctx.seal_context().data.key_context_data().parms()
-            primes = [m.value().bit_length() for m in d.coeff_modulus()]
-            n = d.poly_modulus_degree()
-        except Exception as exc:  # TenSEAL raises ValueError/RuntimeError/TypeError
-            raise CiphertextError(f"not a TenSEAL CKKS context: {exc}") from exc
-        if n != params.poly_modulus_degree or tuple(primes) != tuple(params.coeff_mod_bit_sizes):
-            raise CiphertextError(f"context parameters N={n}, primes {primes} differ from the campaign's "
-                                  f"{params.to_dict()}")
+        ctx, _ = cls._load_context(context_bytes, params)
         ctx.global_scale = 2.0**params.scale_bits
         return cls(ctx, params, ctx_id)
-
-    def public_context_bytes(self) -> bytes:
-        """The aggregator's context: public key, no secret, relinearisation or Galois keys."""
-        return self._ctx.serialize(save_public_key=True, save_secret_key=False, save_galois_keys=False,
-                                   save_relin_keys=False)
-
-    def secret_context_bytes(self) -> bytes:
-        """The context including the secret key. Handle as a secret."""
-        if not self.has_secret_key:
-            raise SecretKeyMissingError("this CKKS context holds no secret key")
-        return self._ctx.serialize(save_public_key=True, save_secret_key=True, save_galois_keys=False,
-                                   save_relin_keys=False)
-
-    @property
-    def has_secret_key(self) -> bool:
-        """True if the loaded context holds the secret key."""
-        return bool(self._ctx.is_private())
 
     def encrypt(self, vector: np.ndarray, layout: Layout = PACKED) -> bytes:
         """Encrypt a 1-D real vector (used as float64) under ``layout``; returns a frame.
@@ -214,45 +164,23 @@ class CKKSCodec(FramedCodec):
         Raises CiphertextError for a non-1-D or non-finite vector or an out-of-range value
         (:func:`check_values`).
         """
-        ts = _ts()
+        ts = tenseal()
         v = check_values(vector, layout)
         n = self.params.slots
         chunks = [ts.ckks_vector(self._ctx, v[i:i + n].tolist()).serialize() for i in range(0, v.size, n)] \
             if v.size else [ts.ckks_vector(self._ctx, [0.0]).serialize()]
         return self.frame(v.size, chunks, layout)
 
-    def load_chunks(self, chunks: Sequence[bytes], length: int, layout: Layout = PACKED, first: int = 0, *,
-                    checked: bool = False) -> list:
-        """Parse and check chunks ``first, first+1, ...`` of a ``length``-value frame (rules
-        3-4 of the module docstring). Returns CKKSVectors. Raises CiphertextError naming
-        the chunk and the failed check.
+    def _parse_chunk(self, raw: bytes):
+        return tenseal().ckks_vector_from(self._ctx, raw)
 
-        ``checked=True`` only for bytes that already passed this method in this process
-        (the aggregator's sum): parse and value count only."""
-        ts = _ts()
-        out = []
-        for k, c in enumerate(chunks):
-            i = first + k
-            c = bytes(c)
-            if len(c) > self.params.max_chunk_bytes:
-                raise CiphertextError(f"chunk {i} is {len(c)} bytes, more than a ciphertext of these parameters can "
-                                      f"be ({self.params.max_chunk_bytes})")
-            try:
-                vec = ts.ckks_vector_from(self._ctx, c)
-            except Exception as exc:  # TenSEAL raises ValueError/RuntimeError
-                raise CiphertextError(f"chunk {i} is not a ciphertext of this CKKS context: {exc}") from exc
-            want = self.slots_in_chunk(i, length, layout)
-            if vec.size() != want:
-                raise CiphertextError(f"chunk {i} holds {vec.size()} values, expected {want}")
-            if not checked:
-                self._check_fresh_shape(i, vec, c)
-            out.append(vec)
-        return out
+    def _check_parsed(self, i: int, vec, raw: bytes) -> None:
+        self._check_fresh_shape(i, vec, raw)
 
     def _zero(self, size: int):
         """A fresh encryption of ``size`` zeros under this context (cached; the public key suffices)."""
         if size not in self._zeros:
-            self._zeros[size] = _ts().ckks_vector(self._ctx, [0.0] * size)
+            self._zeros[size] = tenseal().ckks_vector(self._ctx, [0.0] * size)
         return self._zeros[size]
 
     def _check_fresh_shape(self, i: int, vec, raw: bytes) -> None:

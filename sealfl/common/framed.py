@@ -19,9 +19,9 @@ import struct
 from dataclasses import dataclass
 from typing import Sequence
 
-from .errors import CiphertextError
+from .errors import CiphertextError, SecretKeyMissingError
 
-__all__ = ["Layout", "PACKED", "WIDE", "LAYOUTS", "ChunkedParams", "FramedCodec", "HEADER", "LEN"]
+__all__ = ["Layout", "PACKED", "WIDE", "LAYOUTS", "ChunkedParams", "FramedCodec", "HEADER", "LEN", "tenseal"]
 
 VERSION = 1
 HEADER = struct.Struct("<4sBB32sII")
@@ -58,12 +58,39 @@ WIDE = Layout(id=2, per_slot=1, bits=53, frac_bits=12, clip=None, max_abs=2.0**3
 LAYOUTS = {PACKED.id: PACKED, WIDE.id: WIDE}
 
 
+def tenseal():
+    """The ``tenseal`` module, imported lazily (devices never install it), with SEAL's
+    types (``Modulus``, ...) registered for the codecs' parameter checks."""
+    import tenseal as ts
+    import tenseal.sealapi  # noqa: F401
+
+    return ts
+
+
 class ChunkedParams:
-    """Chunk arithmetic shared by codec parameter classes. Subclasses define
-    :attr:`slots`, :meth:`values_per_slot` and :attr:`max_chunk_bytes`."""
+    """Chunk arithmetic shared by codec parameter classes. Subclasses have
+    ``poly_modulus_degree`` and ``coeff_mod_bit_sizes`` and define :attr:`slots` and
+    :meth:`values_per_slot`."""
 
     slots: int
-    max_chunk_bytes: int
+    poly_modulus_degree: int
+    coeff_mod_bit_sizes: tuple[int, ...]
+
+    @property
+    def data_primes(self) -> int:
+        """Primes of a fresh ciphertext's modulus: all but SEAL's special (key-switching) prime."""
+        return len(self.coeff_mod_bit_sizes) - 1
+
+    @property
+    def max_chunk_bytes(self) -> int:
+        """Upper bound (bytes) of one serialised fresh ciphertext: 2 polynomials x N x
+        ``data_primes`` uint64 residues (SEAL manual, "Ciphertext"), plus zstd's worst case
+        ``n/256`` (``ZSTD_COMPRESSBOUND``, zstd.h) and 4096 bytes for SEAL's header,
+        metadata and TenSEAL's protobuf wrapper. CKKS defaults: 262,144 raw -> 267,264
+        (fresh chunks measured ~235,000 bytes); BFV defaults: 131,072 raw -> 135,680
+        (measured ~68,900; TenSEAL 0.3.18)."""
+        raw = 2 * self.poly_modulus_degree * self.data_primes * 8
+        return raw + raw // 256 + 4096
 
     def values_per_slot(self, layout: Layout) -> int:
         """Real values one slot carries under ``layout``."""
@@ -92,8 +119,47 @@ class FramedCodec:
 
     MAGIC: bytes = b""
     SCHEME: str = ""
+    #: whether the aggregator's context carries the public key (CKKS: yes; symmetric BFV: no key at all)
+    SAVES_PUBLIC_KEY: bool = True
     params: ChunkedParams
     context_id: bytes
+    _ctx: object
+
+    @classmethod
+    def _load_context(cls, context_bytes: bytes, params: ChunkedParams):
+        """Parse a TenSEAL context and check its ring dimension and primes against
+        ``params``; returns ``(context, SEAL encryption parameters)``. Raises CiphertextError."""
+        ts = tenseal()
+        try:
+            ctx = ts.context_from(bytes(context_bytes))
+            parms = ctx.seal_context().data.key_context_data().parms()
+            primes = [m.value().bit_length() for m in parms.coeff_modulus()]
+            n = parms.poly_modulus_degree()
+        except Exception as exc:  # TenSEAL raises ValueError/RuntimeError/TypeError
+            raise CiphertextError(f"not a TenSEAL {cls.SCHEME} context: {exc}") from exc
+        if n != params.poly_modulus_degree or tuple(primes) != tuple(params.coeff_mod_bit_sizes):
+            raise CiphertextError(f"context parameters N={n}, primes {primes} differ from the campaign's "
+                                  f"{params.to_dict()}")
+        return ctx, parms
+
+    def public_context_bytes(self) -> bytes:
+        """The aggregator's context: no secret, relinearisation or Galois keys (and no public
+        key unless :attr:`SAVES_PUBLIC_KEY`)."""
+        return self._ctx.serialize(save_public_key=self.SAVES_PUBLIC_KEY, save_secret_key=False,
+                                   save_galois_keys=False, save_relin_keys=False)
+
+    def secret_context_bytes(self) -> bytes:
+        """The context including the secret key. Handle as a secret. Raises
+        SecretKeyMissingError for a context without it."""
+        if not self.has_secret_key:
+            raise SecretKeyMissingError(f"this {self.SCHEME} context holds no secret key")
+        return self._ctx.serialize(save_public_key=self.SAVES_PUBLIC_KEY, save_secret_key=True,
+                                   save_galois_keys=False, save_relin_keys=False)
+
+    @property
+    def has_secret_key(self) -> bool:
+        """True if the loaded context holds the secret key (asks TenSEAL)."""
+        return bool(self._ctx.is_private())
 
     def frame(self, length: int, chunks: Sequence[bytes], layout: Layout = PACKED) -> bytes:
         """Pack serialised chunks of a ``length``-value vector into one frame (bytes)."""
@@ -155,7 +221,45 @@ class FramedCodec:
         return length, chunks
 
     def load_chunks(self, chunks: Sequence[bytes], length: int, layout: Layout = PACKED, first: int = 0, *,
-                    checked: bool = False) -> list:  # pragma: no cover - abstract
+                    checked: bool = False) -> list:
+        """Parse and check chunks ``first, first+1, ...`` of a ``length``-value frame
+        (issue 5's rules 3-4): size, the codec's byte checks (:meth:`_check_bytes`), parse
+        under this context, slot count, fresh-ciphertext shape and trial addition
+        (:meth:`_check_parsed`). Returns the parsed vectors. Raises CiphertextError naming
+        the chunk and the failed check.
+
+        ``checked=True`` only for bytes that already passed this method in this process
+        (the aggregator's sum): parse and slot count only."""
+        out = []
+        for k, c in enumerate(chunks):
+            i = first + k
+            c = bytes(c)
+            if len(c) > self.params.max_chunk_bytes:
+                raise CiphertextError(f"chunk {i} is {len(c)} bytes, more than a ciphertext of these parameters can "
+                                      f"be ({self.params.max_chunk_bytes})")
+            want = self.slots_in_chunk(i, length, layout)
+            if not checked:
+                self._check_bytes(i, c, want)
+            try:
+                vec = self._parse_chunk(c)
+            except Exception as exc:  # TenSEAL raises ValueError/RuntimeError
+                raise CiphertextError(f"chunk {i} is not a ciphertext of this {self.SCHEME} context: {exc}") from exc
+            if vec.size() != want:
+                raise CiphertextError(f"chunk {i} holds {vec.size()} slots, expected {want}")
+            if not checked:
+                self._check_parsed(i, vec, c)
+            out.append(vec)
+        return out
+
+    def _check_bytes(self, i: int, raw: bytes, slots: int) -> None:
+        """Checks on chunk ``i``'s bytes before they are parsed (default: none)."""
+
+    def _parse_chunk(self, raw: bytes):  # pragma: no cover - abstract
+        """The TenSEAL vector of one chunk's bytes under this context."""
+        raise NotImplementedError
+
+    def _check_parsed(self, i: int, vec, raw: bytes) -> None:  # pragma: no cover - abstract
+        """Raise CiphertextError unless parsed chunk ``i`` can be added to this campaign's ciphertexts."""
         raise NotImplementedError
 
     def parse(self, blob: bytes, expected_length: int | None = None, layout: Layout = PACKED) -> list:
