@@ -57,12 +57,12 @@ ATTESTATION_MODULES: tuple[str, ...] = ("sealfl.common.errors", "sealfl.common.f
 #: (``keyholder`` reads the sealed CKKS secret, so it is part of what the seal protects).
 RELEASE_ENCLAVE_MODULES: tuple[str, ...] = ATTESTATION_MODULES + tuple(
     f"sealfl.enclave.{m}"
-    for m in ("__init__", "errors", "keyholder", "measure", "release_enclave", "sim", "tee")
+    for m in ("__init__", "errors", "keyholder", "measure", "release_enclave", "sealed_blob", "sim", "tee")
 )
 DEVICE_RUNTIME_MODULES: tuple[str, ...] = ATTESTATION_MODULES + tuple(
     f"sealfl.enclave.{m}"
     for m in ("__init__", "acceptance", "at_rest", "device", "errors", "inputs", "llm_boot", "llm_child", "llm_runtime",
-              "doctor", "measure", "measured", "provision", "sim", "slots", "tee", "tpm", "tpm_tools",
+              "doctor", "measure", "measured", "provision", "sealed_blob", "sim", "slots", "tee", "tpm", "tpm_tools",
               "openai_api", "serve", "serve_app", "serve_metrics", "serve_state")
 ) + ("sealfl.common.sandbox", "sealfl.common.sandbox_child", "sealfl.common.llm_decode", "sealfl.common.testpoints") + tuple(
     f"sealfl.kbs.{m}" for m in ("__init__", "atrest", "client", "errors", "wrap"))

@@ -24,9 +24,8 @@ malformed one is a :class:`TEEStateError` naming the file and the field.
 PCR values persist across :meth:`SimTEE.load` only with ``reset_pcrs=False``; the default
 ``reset_pcrs=True`` simulates a reboot (TPM2_Startup(CLEAR): all PCRs back to zero).
 
-Sealed blob: ``MAGIC || u32be(len(header)) || header || nonce(12) || tag(16) || ciphertext``
-where ``header`` is canonical JSON ``{"alg": "AES-256-GCM", "bank": "sha256",
-"policy": {"<index>": hex}}`` and the GCM AAD is ``MAGIC || u32be(len) || header``, so
+Sealed blob: :mod:`sealfl.enclave.sealed_blob` (AES-256-GCM under ``seal.key``) with header
+``{"alg": "AES-256-GCM", "bank": "sha256", "policy": {"<index>": hex}}``, authenticated, so
 the policy cannot be altered without failing authentication.
 """
 
@@ -34,11 +33,9 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from Crypto.Cipher import AES
 from Crypto.Random import get_random_bytes
 
 from sealfl.attestation import keys as _keys
@@ -51,6 +48,7 @@ from sealfl.attestation.tee_floor import FloorRecord
 
 from sealfl.common.fsutil import atomic_write, check_private_file, ensure_private_dir
 from .errors import TEEError, TEEStateError, UnsealError
+from .sealed_blob import open_blob, seal_blob, split_blob
 from .tee import TEE, check_floor_write
 
 __all__ = ["SimTEE", "TEE_CLASS"]
@@ -234,39 +232,20 @@ class SimTEE(TEE):
         return _keys.public_key_to_pem(self._ak)
 
     def seal(self, data: bytes, policy: Mapping[int, bytes] | None = None) -> bytes:
-        """See :meth:`TEE.seal`; blob format in the module docstring."""
+        """See :meth:`TEE.seal`; blob format in :mod:`sealfl.enclave.sealed_blob`."""
         pol = {
             str(_check_index(i)): _check_digest(v, f"policy value of PCR {i}").hex()
             for i, v in sorted((policy or {}).items())
         }
-        header = canonical_json({"alg": "AES-256-GCM", "bank": "sha256", "policy": pol})
-        aad = _MAGIC + struct.pack(">I", len(header)) + header
-        cipher = AES.new(self._seal_key, AES.MODE_GCM, nonce=get_random_bytes(12))
-        cipher.update(aad)
-        ciphertext, tag = cipher.encrypt_and_digest(bytes(data))
-        return aad + cipher.nonce + tag + ciphertext
+        return seal_blob(_MAGIC, {"alg": "AES-256-GCM", "bank": "sha256", "policy": pol}, self._seal_key, data)
 
     def unseal(self, blob: bytes) -> bytes:
         """See :meth:`TEE.unseal`. Authenticates the blob first, then checks the PCR policy."""
-        blob = bytes(blob)
-        head = len(_MAGIC) + 4
-        if len(blob) < head + 28 or not blob.startswith(_MAGIC):
-            raise UnsealError("not a SimTEE sealed blob (bad magic or truncated)")
-        (hlen,) = struct.unpack(">I", blob[len(_MAGIC):head])
-        if len(blob) < head + hlen + 28:
-            raise UnsealError("SimTEE sealed blob is truncated")
-        aad = blob[: head + hlen]
-        nonce, tag = blob[head + hlen: head + hlen + 12], blob[head + hlen + 12: head + hlen + 28]
-        cipher = AES.new(self._seal_key, AES.MODE_GCM, nonce=nonce)
-        cipher.update(aad)
+        parts = split_blob(blob, _MAGIC, "SimTEE sealed blob")
+        data = open_blob(parts, self._seal_key,
+                         "sealed blob failed authentication: it was modified or sealed by another TEE")
         try:
-            data = cipher.decrypt_and_verify(blob[head + hlen + 28:], tag)
-        except ValueError as exc:
-            raise UnsealError(
-                "sealed blob failed authentication: it was modified or sealed by another TEE"
-            ) from exc
-        try:
-            policy = loads_strict(aad[head:])["policy"]
+            policy = loads_strict(parts.header)["policy"]
         except (JSONFormatError, KeyError) as exc:  # authenticated, so only our own bug
             raise UnsealError(f"sealed blob header is malformed: {exc}") from exc
         mismatched = [int(i) for i, v in policy.items() if self._pcrs[int(i)].hex() != v]

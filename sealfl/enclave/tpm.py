@@ -44,11 +44,8 @@ floor (re-bound to the new AK), so wiping the file-system state never lowers it.
 **Sealing**: a fresh 32-byte AES-256 key is sealed as a TPM keyed-hash object under the
 owner's primary ECC key (re-derived each time from the owner seed with ``tpm2_createprimary``)
 with a ``PolicyPCR`` policy (TPM 2.0 Part 1 §19.7) over the requested PCR values; the data
-is AES-256-GCM encrypted under that key. Blob::
-
-    MAGIC || u32be(len(header)) || header || nonce(12) || tag(16) || ciphertext
-
-``header`` = canonical JSON ``{"alg", "bank", "policy": {"<i>": hex}, "pub": b64, "priv": b64}``
+is AES-256-GCM encrypted under that key (:mod:`sealfl.enclave.sealed_blob`), with header
+canonical JSON ``{"alg", "bank", "policy": {"<i>": hex}, "pub": b64, "priv": b64}``
 (the TPM2B public/private parts of the sealed object), authenticated as GCM AAD.
 
 State directory (mode 0700, files 0600): ``tee.json`` ``{"backend": "tpm", "format": 1,
@@ -60,12 +57,10 @@ from __future__ import annotations
 import base64
 import logging
 import os
-import struct
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from Crypto.Cipher import AES
 from Crypto.Random import get_random_bytes
 
 from sealfl.attestation import keys as _keys
@@ -78,6 +73,7 @@ from sealfl.attestation.tpm_attest import parse_quote_attest
 from sealfl.common.fsutil import atomic_write, check_private_file, ensure_private_dir
 
 from .errors import TEEError, TEEStateError, UnsealError
+from .sealed_blob import open_blob, seal_blob, split_blob
 from .tee import TEE, check_floor_write
 from .tpm_tools import DEFAULT_TCTI, TCTI_ENV, tcti_of, Tools
 
@@ -301,26 +297,16 @@ class TpmTEE(TEE):
             finally:
                 self._tools.flush()
             pub, priv = Path(p["pub"]).read_bytes(), Path(p["priv"]).read_bytes()
-        header = canonical_json({"alg": "AES-256-GCM", "bank": PCR_BANK,
-                                 "policy": {str(i): pol[i].hex() for i in sorted(pol)},
-                                 "pub": base64.b64encode(pub).decode(), "priv": base64.b64encode(priv).decode()})
-        aad = _MAGIC + struct.pack(">I", len(header)) + header
-        cipher = AES.new(key, AES.MODE_GCM, nonce=get_random_bytes(12))
-        cipher.update(aad)
-        ciphertext, tag = cipher.encrypt_and_digest(bytes(data))
-        return aad + cipher.nonce + tag + ciphertext
+        return seal_blob(_MAGIC, {"alg": "AES-256-GCM", "bank": PCR_BANK,
+                                  "policy": {str(i): pol[i].hex() for i in sorted(pol)},
+                                  "pub": base64.b64encode(pub).decode(), "priv": base64.b64encode(priv).decode()},
+                         key, data)
 
     def unseal(self, blob: bytes) -> bytes:
         """See :meth:`TEE.unseal`: the TPM releases the key only under the PCR policy."""
-        blob = bytes(blob)
-        head = len(_MAGIC) + 4
-        if len(blob) < head + 28 or not blob.startswith(_MAGIC):
-            raise UnsealError("not a TPM sealed blob (bad magic or truncated)")
-        (hlen,) = struct.unpack(">I", blob[len(_MAGIC):head])
-        if hlen > 8192 or len(blob) < head + hlen + 28:
-            raise UnsealError("TPM sealed blob is truncated or its header is oversized")
+        parts = split_blob(blob, _MAGIC, "TPM sealed blob")
         try:
-            header = loads_strict(blob[head:head + hlen])
+            header = loads_strict(parts.header)
             policy = sorted(int(i) for i in header["policy"])
             pub, priv = base64.b64decode(header["pub"], validate=True), base64.b64decode(header["priv"], validate=True)
         except (JSONFormatError, KeyError, TypeError, ValueError) as exc:
@@ -343,15 +329,7 @@ class TpmTEE(TEE):
         if proc.returncode != 0:
             raise UnsealError(f"PCR policy not satisfied: PCR(s) {policy} differ from the values the data was sealed "
                               "to (the measured code or boot state changed); re-provision the secret")
-        key = proc.stdout
-        aad = blob[:head + hlen]
-        nonce, tag = blob[head + hlen:head + hlen + 12], blob[head + hlen + 12:head + hlen + 28]
-        cipher = AES.new(key, AES.MODE_GCM, nonce=nonce)
-        cipher.update(aad)
-        try:
-            return cipher.decrypt_and_verify(blob[head + hlen + 28:], tag)
-        except ValueError as exc:
-            raise UnsealError("sealed blob failed authentication: it was modified") from exc
+        return open_blob(parts, proc.stdout, "sealed blob failed authentication: it was modified")
 
     def read_floor(self) -> FloorRecord:
         """See :meth:`TEE.read_floor` (``tpm2_nvread`` of :data:`FLOOR_NV_INDEX`)."""
