@@ -40,11 +40,11 @@ def test_kind_encrypted_adapter_average_equals_plaintext_fedavg():
     public = BFVCodec.from_bytes(secret.public_context_bytes(), secret.params, secret.context_id)
     assert not public.has_secret_key
     total = sum(n for _, n in updates.values())
-    frames = {p: secret.encrypt(update_share(v, n, total)) for p, (v, n) in updates.items()}
+    frames = {p: secret.encrypt(update_share(v, n, total, secret.WEIGHTING)) for p, (v, n) in updates.items()}
     valid = validate_frames(public, frames, task.n_params)
     assert not valid.rejected
     summed = sum_chunks(public, valid, task.n_params)
-    got = open_model(share_to_sum(secret.decrypt(summed, task.n_params), total), total, task.decrypt_bounds,
+    got = open_model(share_to_sum(secret.decrypt(summed, task.n_params), total, secret.WEIGHTING), total, task.decrypt_bounds,
                      max_total=total)
     expected = np.zeros(task.n_params)
     for v, n in updates.values():

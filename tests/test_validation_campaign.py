@@ -53,7 +53,7 @@ def _model(consortium, out):
     _, codec = consortium
     ck = load_checkpoint(out)
     declared = json.loads((out / "status.json").read_text())["stats_declared_n"]
-    return open_model(share_to_sum(codec.decrypt(ck["model_ct"], 14), declared), ck["model_weight"],
+    return open_model(share_to_sum(codec.decrypt(ck["model_ct"], 14), declared, codec.WEIGHTING), ck["model_weight"],
                       HeartTask.decrypt_bounds, max_total=declared), ck
 
 

@@ -84,7 +84,7 @@ def test_kind_decryption_noise_never_leaves_a_key_holder():
     assert a != b
     raw_a, raw_b = codec.decrypt(a, 14), codec.decrypt(b, 14)
     assert np.array_equal(raw_a, raw_b)  # exact: the same values, no noise
-    pa, pb = open_model(share_to_sum(raw_a, N), N, B), open_model(share_to_sum(raw_b, N), N, B)
+    pa, pb = open_model(share_to_sum(raw_a, N, codec.WEIGHTING), N, B), open_model(share_to_sum(raw_b, N, codec.WEIGHTING), N, B)
     assert np.array_equal(pa, pb)
     assert np.all(pa * 2.0**20 == np.floor(pa * 2.0**20))
     np.testing.assert_allclose(pa, w, atol=2.0**-24 + 2.0**-13 / N + 2.0**-21)

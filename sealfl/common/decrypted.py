@@ -107,7 +107,7 @@ def check_weight(weight, max_total: int) -> int:
 WEIGHTINGS = ("share", "count")
 
 
-def update_share(params, n: int, declared_total: int, weighting: str = "share") -> np.ndarray:
+def update_share(params, n: int, declared_total: int, weighting: str) -> np.ndarray:
     """What a partner encrypts for weighted FedAvg (float64): ``(n / N) * params`` for the
     ``"share"`` weighting, ``n * params`` for ``"count"`` (:data:`WEIGHTINGS`), with ``n``
     its training rows and ``N`` the total the partners declared in the statistics round
@@ -125,7 +125,7 @@ def update_share(params, n: int, declared_total: int, weighting: str = "share") 
     return np.asarray(params, dtype=np.float64) * scale
 
 
-def share_to_sum(decrypted_share, declared_total: int, weighting: str = "share") -> np.ndarray:
+def share_to_sum(decrypted_share, declared_total: int, weighting: str) -> np.ndarray:
     """Key-holder side of :func:`update_share`: ``Σ n_i w_i`` (float64), the input of
     :func:`open_model` -- the decrypted ``Σ (n_i / N) w_i`` times ``N`` (exact for BFV: the
     values are multiples of 2^-23 below 2^3 and N < 2^27), or the decryption itself for

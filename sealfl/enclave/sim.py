@@ -41,7 +41,7 @@ from Crypto.Random import get_random_bytes
 from sealfl.attestation import keys as _keys
 from sealfl.attestation.canonical import JSONFormatError, canonical_json, loads_strict
 from sealfl.attestation.errors import AttestationError
-from sealfl.attestation.quote import DIGEST_SIZE, NUM_PCRS, ZERO_PCR, make_quote, parse_pcr_map
+from sealfl.attestation.quote import NUM_PCRS, ZERO_PCR, make_quote, parse_pcr_map
 from sealfl.attestation.quote import extend as _extend
 from sealfl.attestation.schema import Fields
 from sealfl.attestation.tee_floor import FloorRecord
@@ -50,6 +50,8 @@ from sealfl.common.fsutil import atomic_write, check_private_file, ensure_privat
 from .errors import TEEError, TEEStateError, UnsealError
 from .sealed_blob import open_blob, seal_blob, split_blob
 from .tee import TEE, check_floor_write
+from .tee import check_pcr_digest as _check_digest
+from .tee import check_pcr_index as _check_index
 
 __all__ = ["SimTEE", "TEE_CLASS"]
 
@@ -84,18 +86,6 @@ def _parse_pcrs_json(data: bytes, root: Path) -> list[bytes]:
     if missing:
         raise fields.fail(str(missing[0]), "is missing (every PCR 0..23 must be recorded)")
     return [bytes.fromhex(values[i]) for i in range(NUM_PCRS)]
-
-
-def _check_index(pcr: int) -> int:
-    if not isinstance(pcr, int) or isinstance(pcr, bool) or not 0 <= pcr < NUM_PCRS:
-        raise TEEError(f"PCR index must be an integer in 0..{NUM_PCRS - 1}, got {pcr!r}")
-    return pcr
-
-
-def _check_digest(value: bytes, what: str) -> bytes:
-    if not isinstance(value, (bytes, bytearray)) or len(value) != DIGEST_SIZE:
-        raise TEEError(f"{what} must be {DIGEST_SIZE} bytes (SHA-256), got {value!r:.80}")
-    return bytes(value)
 
 
 class SimTEE(TEE):

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from Crypto.PublicKey import ECC
 
 from sealfl.attestation.keys import keyid, load_public_key
+from sealfl.attestation.quote import DIGEST_SIZE, NUM_PCRS
 from sealfl.attestation.tee_floor import FloorRecord
 
 from .errors import TEEError
@@ -130,6 +131,20 @@ class TEE(ABC):
     def ak_keyid(self) -> str:
         """SHA-256 (hex) of the AK's DER SubjectPublicKeyInfo (:func:`sealfl.attestation.keys.keyid`)."""
         return keyid(self.ak_public_key())
+
+
+def check_pcr_index(pcr: int) -> int:
+    """``pcr`` if it is an int PCR index 0..23 (not a bool); else TEEError."""
+    if not isinstance(pcr, int) or isinstance(pcr, bool) or not 0 <= pcr < NUM_PCRS:
+        raise TEEError(f"PCR index must be an integer in 0..{NUM_PCRS - 1}, got {pcr!r}")
+    return pcr
+
+
+def check_pcr_digest(value: bytes, what: str) -> bytes:
+    """``value`` as bytes if it is a SHA-256 digest (32 bytes); else TEEError naming ``what``."""
+    if not isinstance(value, (bytes, bytearray)) or len(value) != DIGEST_SIZE:
+        raise TEEError(f"{what} must be {DIGEST_SIZE} bytes (SHA-256), got {value!r:.80}")
+    return bytes(value)
 
 
 def check_floor_write(old: FloorRecord | None, new: FloorRecord) -> None:

@@ -66,7 +66,7 @@ from Crypto.Random import get_random_bytes
 from sealfl.attestation import keys as _keys
 from sealfl.attestation.canonical import JSONFormatError, canonical_json, loads_strict
 from sealfl.attestation.errors import AttestationError
-from sealfl.attestation.quote import DIGEST_SIZE, NUM_PCRS, PCR_BANK, pcr_digest, qualifying_data
+from sealfl.attestation.quote import DIGEST_SIZE, PCR_BANK, pcr_digest, qualifying_data
 from sealfl.attestation.schema import Fields
 from sealfl.attestation.tee_floor import FLOOR_RECORD_SIZE, FloorRecord
 from sealfl.attestation.tpm_attest import parse_quote_attest
@@ -75,6 +75,8 @@ from sealfl.common.fsutil import atomic_write, check_private_file, ensure_privat
 from .errors import TEEError, TEEStateError, UnsealError
 from .sealed_blob import open_blob, seal_blob, split_blob
 from .tee import TEE, check_floor_write
+from .tee import check_pcr_digest as _check_digest
+from .tee import check_pcr_index as _check_index
 from .tpm_tools import DEFAULT_TCTI, TCTI_ENV, tcti_of, Tools
 
 __all__ = ["TpmTEE", "TEE_CLASS", "TCTI_ENV", "DEFAULT_TCTI", "AK_HANDLE", "FLOOR_NV_INDEX", "RESET_PCRS"]
@@ -89,18 +91,6 @@ FLOOR_NV_INDEX = "0x01500010"
 RESET_PCRS = (16, 23)
 _FORMAT = 1
 _MAGIC = b"SEALFL-TPMSEAL/1\n"
-
-
-def _check_index(pcr: int) -> int:
-    if not isinstance(pcr, int) or isinstance(pcr, bool) or not 0 <= pcr < NUM_PCRS:
-        raise TEEError(f"PCR index must be an integer in 0..{NUM_PCRS - 1}, got {pcr!r}")
-    return pcr
-
-
-def _check_digest(value: bytes, what: str) -> bytes:
-    if not isinstance(value, (bytes, bytearray)) or len(value) != DIGEST_SIZE:
-        raise TEEError(f"{what} must be {DIGEST_SIZE} bytes (SHA-256), got {value!r:.80}")
-    return bytes(value)
 
 
 def _parse_tee_json(data: bytes, root: Path) -> str:
