@@ -35,7 +35,6 @@ from flwr.clientapp import ClientApp
 
 from sealfl.clients import app as capp
 from sealfl.clients.kit import kit_dir, load_kit
-from sealfl.common.bfv import _read_varint, _varint  # TenSEAL protobuf varints
 from sealfl.common import protocol as P
 
 PHASE = {
@@ -49,17 +48,53 @@ def _partner(consortium_dir: str, pid: int) -> str:
     return json.loads((Path(consortium_dir) / "consortium.json").read_text())["partners"][pid]
 
 
-def rescale_chunk(codec, chunk: bytes, scale_bits: int) -> bytes:
-    """A TenSEAL CKKSVector/BFVVector serialisation whose SEAL ciphertext carries scale
-    2**scale_bits (fields of TenSEAL's ``CKKSVectorProto``/``BFVVectorProto``: 1 packed sizes,
-    2 ciphertext bytes; CKKS's field 3, its scale, is kept). Issue 5's scale-2^30 ciphertext:
-    a CKKS campaign parses it and refuses it by its scale; SEAL refuses to load it under a
-    BFV context."""
+def _varint(n: int) -> bytes:
+    """Protobuf base-128 varint (TenSEAL's vector protos)."""
+    out = b""
+    while True:
+        b, n = n & 0x7F, n >> 7
+        if n:
+            out += bytes([b | 0x80])
+        else:
+            return out + bytes([b])
+
+
+def _read_varint(b: bytes, i: int) -> tuple[int, int]:
+    v = shift = 0
+    while True:
+        v |= (b[i] & 0x7F) << shift
+        shift += 7
+        i += 1
+        if not b[i - 1] & 0x80:
+            return v, i
+
+
+def _rescale_seal(codec, value: bytes, scale_bits: int) -> bytes:
     import os
     import tempfile
 
     import tenseal.sealapi as sealapi
 
+    ct = sealapi.Ciphertext()
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "ct")
+        with open(path, "wb") as fh:
+            fh.write(value)
+        ct.load(codec._ctx.seal_context().data, path)
+        ct.scale = 2.0**scale_bits
+        ct.save(path)
+        with open(path, "rb") as fh:
+            return fh.read()
+
+
+def rescale_chunk(codec, chunk: bytes, scale_bits: int) -> bytes:
+    """A chunk whose SEAL ciphertext carries scale 2**scale_bits: either a bare SEAL
+    ciphertext (the BFV codec's chunks) or a TenSEAL CKKSVector serialisation (fields of
+    ``CKKSVectorProto``: 1 packed sizes, 2 ciphertext bytes, 3 its scale, kept). Issue 5's
+    scale-2^30 ciphertext: a CKKS campaign parses it and refuses it by its scale; SEAL
+    refuses to load it under a BFV context."""
+    if chunk[:2] == b"\x5e\xa1":  # SEAL's magic 0xA15E, little-endian
+        return _rescale_seal(codec, chunk, scale_bits)
     fields, i = [], 0
     while i < len(chunk):
         key, i = _read_varint(chunk, i)
@@ -69,16 +104,7 @@ def rescale_chunk(codec, chunk: bytes, scale_bits: int) -> bytes:
     out = b""
     for key, value in fields:
         if key == (2 << 3) | 2:
-            ct = sealapi.Ciphertext()
-            with tempfile.TemporaryDirectory() as d:
-                path = os.path.join(d, "ct")
-                with open(path, "wb") as fh:
-                    fh.write(value)
-                ct.load(codec._ctx.seal_context().data, path)
-                ct.scale = 2.0**scale_bits
-                ct.save(path)
-                with open(path, "rb") as fh:
-                    value = fh.read()
+            value = _rescale_seal(codec, value, scale_bits)
         out += _varint(key) + _varint(len(value)) + value
     return out
 

@@ -123,12 +123,12 @@ def test_kind_every_malformed_frame_is_refused_before_it_counts(codecs):
 def test_kind_oversized_frame_is_refused_unparsed(codecs, monkeypatch):
     secret, public = codecs
     blob = secret.encrypt(np.ones(14)) + b"\0" * (64 << 20)
-    import tenseal
+    from sealfl.common.sealio import SealIO
 
     def boom(*a, **k):  # the parser must never be reached
         raise AssertionError("parsed an oversized frame")
 
-    monkeypatch.setattr(tenseal, "bfv_vector_from", boom)
+    monkeypatch.setattr(SealIO, "load_ciphertext", boom)
     with pytest.raises(CiphertextError, match="exceeds the bound"):
         public.parse(blob, 14)
 
@@ -157,17 +157,42 @@ def test_kind_quantisation_rounds_to_nearest_step():
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(extra=st.binary(min_size=1, max_size=64), where=st.sampled_from(["end", "field", "dup", "varint"]))
-def test_kind_framing_outside_the_canonical_form_is_refused_before_parsing(codecs, extra, where):
-    from sealfl.common.bfv import framing_problem
+@given(extra=st.binary(min_size=1, max_size=64), where=st.sampled_from(["end", "cut", "size", "compr", "magic"]))
+def test_kind_chunk_outside_one_whole_seal_object_is_refused_before_parsing(codecs, extra, where, monkeypatch):
+    from sealfl.common.sealio import SEAL_HEADER, SealIO, header_problem
 
     secret, public = codecs
     _, (chunk,) = secret.split(secret.encrypt(np.ones(14)), 14)
-    assert framing_problem(chunk, 7) is None
-    bad = {"end": chunk + extra,
-           "field": chunk + bytes([(15 << 3) | 2, len(extra)]) + extra,  # an unknown length-delimited field
-           "dup": chunk + b"\x12" + bytes([len(extra)]) + extra,  # a second ciphertext field
-           "varint": chunk[:1] + b"\x81\x00" + chunk[2:]}[where]  # a non-minimal length
-    assert framing_problem(bad, 7) is not None
+    assert header_problem(chunk) is None
+    fields = list(SEAL_HEADER.unpack_from(chunk))
+    if where == "size":
+        fields[6] += len(extra)  # header claims more than the chunk holds
+    elif where == "compr":
+        fields[4] = extra[0] if extra[0] != 2 else 0  # no compression / an unknown mode
+    elif where == "magic":
+        fields[0] = 0xA15E ^ (extra[0] | 1)
+    head = SEAL_HEADER.pack(*fields)
+    bad = {"end": chunk + extra, "cut": chunk[:max(1, len(chunk) - len(extra))]}.get(where, head + chunk[16:])
+    assert header_problem(bad) is not None
+    monkeypatch.setattr(SealIO, "load_ciphertext", lambda *a: pytest.fail("parsed a non-canonical chunk"))
     with pytest.raises(CiphertextError, match="canonical form"):
         public.load_chunks([bad], 14)
+
+
+def test_kind_partners_send_seeded_ciphertexts_within_p1(codecs):
+    """Issue 9's P1 at LoRA size (460,800 values): a partner's frame is at most 2x the
+    fp32 bytes. A fresh symmetric ciphertext is (c0, c1) with c1 uniform; sending c1's seed
+    halves it, so the aggregator's (expanded) sum chunk is about twice a partner's chunk.
+    Two encryptions of the same vector differ (fresh seed and error each time)."""
+    secret, public = codecs
+    n = 460_800
+    v = np.random.default_rng(1).normal(0, 0.01, n)
+    frames = [secret.encrypt(v), secret.encrypt(v)]
+    assert len(frames[0]) <= 2 * 4 * n
+    assert frames[0] != frames[1]
+    _, part = public.split(frames[0], n)
+    _, summed = public.split(public.sum_frames(frames, n), n)
+    assert len(summed[0]) > 1.8 * len(part[0])
+    # expanded size from the parameters: 2 polynomials x N x 2 primes x 32-bit residues, ~zstd-packed
+    assert len(summed[0]) > 2 * 4096 * 2 * 4
+    np.testing.assert_allclose(secret.decrypt(public.sum_frames(frames, n), n), 2 * v, atol=2 * 2.0**-24)

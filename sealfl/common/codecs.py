@@ -1,6 +1,6 @@
 """Which codec a consortium's parameters name: CKKS (:mod:`sealfl.common.ckks`, the
 default, as ARCHITECTURE.md fixes it), packed BFV (:mod:`sealfl.common.bfv`, the
-``--he bfv`` option: ~7x fewer bytes on the wire, exact sums; issue 9), or the
+``--he bfv`` option: ~14x fewer bytes on the wire, exact sums; issue 9), or the
 benchmark-only plaintext baseline (:mod:`sealfl.common.plain`, refused unless the process
 opted in). Partners, aggregator, key holders and consortium set-up load codecs through
 here; the release enclave's key holder refuses the plaintext baseline."""

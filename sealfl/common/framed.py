@@ -88,7 +88,7 @@ class ChunkedParams:
         ``n/256`` (``ZSTD_COMPRESSBOUND``, zstd.h) and 4096 bytes for SEAL's header,
         metadata and TenSEAL's protobuf wrapper. CKKS defaults: 262,144 raw -> 267,264
         (fresh chunks measured ~235,000 bytes); BFV defaults: 131,072 raw -> 135,680
-        (measured ~68,900; TenSEAL 0.3.18)."""
+        (measured: a summed chunk ~68,900, a partner's seeded chunk ~34,100; TenSEAL 0.3.18)."""
         raw = 2 * self.poly_modulus_degree * self.data_primes * 8
         return raw + raw // 256 + 4096
 
@@ -244,8 +244,7 @@ class FramedCodec:
                 vec = self._parse_chunk(c)
             except Exception as exc:  # TenSEAL raises ValueError/RuntimeError
                 raise CiphertextError(f"chunk {i} is not a ciphertext of this {self.SCHEME} context: {exc}") from exc
-            if vec.size() != want:
-                raise CiphertextError(f"chunk {i} holds {vec.size()} slots, expected {want}")
+            self._check_slots(i, vec, want)
             if not checked:
                 self._check_parsed(i, vec, c)
             out.append(vec)
@@ -253,6 +252,12 @@ class FramedCodec:
 
     def _check_bytes(self, i: int, raw: bytes, slots: int) -> None:
         """Checks on chunk ``i``'s bytes before they are parsed (default: none)."""
+
+    def _check_slots(self, i: int, vec, want: int) -> None:
+        """Raise CiphertextError unless parsed chunk ``i`` holds ``want`` values (TenSEAL
+        vectors carry their size; raw SEAL ciphertexts override this)."""
+        if vec.size() != want:
+            raise CiphertextError(f"chunk {i} holds {vec.size()} slots, expected {want}")
 
     def _parse_chunk(self, raw: bytes):  # pragma: no cover - abstract
         """The TenSEAL vector of one chunk's bytes under this context."""
@@ -267,6 +272,18 @@ class FramedCodec:
         length, chunks = self.split(blob, expected_length, layout)
         return self.load_chunks(chunks, length, layout)
 
+    def add_into(self, acc, vec):
+        """``acc + vec`` for two loaded chunks (in place where the library allows); returns
+        the sum. Raises CiphertextError if they cannot be added."""
+        try:
+            return acc.add_(vec)
+        except Exception as exc:  # SEAL: ValueError "parameter mismatch", ...
+            raise CiphertextError(f"cannot add the ciphertexts: {exc}") from exc
+
+    def chunk_bytes(self, vec) -> bytes:
+        """A loaded chunk (e.g. a sum) serialised for a frame."""
+        return vec.serialize()
+
     def sum_chunk(self, i: int, chunks: Sequence[bytes], length: int, layout: Layout = PACKED) -> bytes:
         """Add chunk ``i`` of several partners' frames (``chunks``, one per partner, each
         already validated by :meth:`load_chunks` -- only parsed again here) without
@@ -275,10 +292,10 @@ class FramedCodec:
         acc = None
         for c in chunks:
             (v,) = self.load_chunks([c], length, layout, first=i, checked=True)
-            acc = v if acc is None else acc + v
+            acc = v if acc is None else self.add_into(acc, v)
         if acc is None:
             raise CiphertextError("nothing to add")
-        return acc.serialize()
+        return self.chunk_bytes(acc)
 
     def sum_frames(self, blobs: Sequence[bytes], expected_length: int, layout: Layout = PACKED) -> bytes:
         """Sum frames slot-wise without decrypting (no key needed), one chunk index at a

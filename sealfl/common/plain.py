@@ -157,6 +157,12 @@ class PlainCodec:
             out.append(v)
         return out
 
+    def add_into(self, acc, v):
+        return acc + v
+
+    def chunk_bytes(self, v) -> bytes:
+        return np.asarray(v, dtype=np.float64).tobytes()
+
     def sum_chunk(self, i: int, chunks: Sequence[bytes], length: int, layout: Layout = PACKED) -> bytes:
         acc = None
         for c in chunks:

@@ -83,7 +83,7 @@ def consortium_create(
     task: str = typer.Option("heart", help="What the consortium trains: 'heart' (logistic regression on "
                                           "Fed-Heart-Disease) or 'causal-lm' (LoRA of SmolLM2-135M on the Python docs)."),
     he: str = typer.Option("ckks", help="Homomorphic encryption of the updates: 'ckks' (default; NVFlare's "
-                                        "parameters) or 'bfv' (packed BFV: ~7x fewer bytes on the wire, exact sums; "
+                                        "parameters) or 'bfv' (packed BFV: ~14x fewer bytes on the wire, exact sums; "
                                         "README 'Encrypted aggregation')."),
 ) -> None:
     """Run the HE key ceremony, write one startup kit per partner, provision the release

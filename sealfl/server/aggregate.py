@@ -7,7 +7,14 @@ or could not be added (another level, NTT form or scale) is dropped with a log l
 naming it; the caller decides whether enough partners remain. Summation then cannot
 fail on a validated frame.
 
-Memory: the sum runs chunk index by chunk index, parsing one partner's chunk at a time
+A round's model update is summed in the same pass that validates it
+(:class:`RunningSum`): the chunks a partner's frame was parsed into for its checks are
+added at once into one accumulator per chunk index, so each chunk is parsed once (with
+seeded BFV ciphertexts, parsing expands the seed -- half the cost of a chunk's sum).
+The accumulator is one frame's worth of parsed ciphertexts: flat in the number of
+partners.
+
+Memory (:func:`sum_chunks`, used for the statistics sum): the sum runs chunk index by chunk index, parsing one partner's chunk at a time
 into a running accumulator, so besides the received frames the aggregator holds one
 parsed ciphertext per partner-chunk only while it is added (flat in the number of
 partners). TenSEAL holds the GIL (its issue #52); BFV addition here runs at ~4 M
@@ -72,3 +79,38 @@ def sum_chunks(codec: Codec, valid: Validated, length: int, *, layout: Layout = 
     out = [codec.sum_chunk(i, [chunks[i] for chunks in per_partner], length, layout)
            for i in range(len(per_partner[0]))]
     return codec.frame(length, out, layout)
+
+
+class RunningSum:
+    """The slot-wise sum of the frames of partners accepted so far.
+
+    :meth:`add` takes the parsed chunks of one *fully checked* frame (what
+    ``codec.load_chunks`` returned for it); call it only once nothing else can refuse that
+    reply (see :func:`sealfl.server.validation.parse_train_reply`). Memory: one parsed
+    chunk per chunk index, whatever the number of partners.
+
+    Attributes:
+        partners: how many frames were added.
+    """
+
+    def __init__(self, codec: Codec, length: int, layout: Layout = PACKED):
+        self.codec, self.length, self.layout = codec, int(length), layout
+        self._acc: list | None = None
+        self.partners = 0
+
+    def add(self, parsed: list) -> None:
+        """Add one checked frame's parsed chunks. Raises CiphertextError if their count
+        differs from earlier frames' or SEAL refuses an addition (a checked chunk cannot)."""
+        if self._acc is None:
+            self._acc = list(parsed)
+        elif len(parsed) != len(self._acc):
+            raise CiphertextError(f"{len(parsed)} chunks, earlier frames had {len(self._acc)}")
+        else:
+            self._acc = [self.codec.add_into(a, v) for a, v in zip(self._acc, parsed)]
+        self.partners += 1
+
+    def frame(self) -> bytes:
+        """The sum as one frame of ``length`` values. Raises CiphertextError if nothing was added."""
+        if self._acc is None:
+            raise CiphertextError("no valid ciphertexts to add")
+        return self.codec.frame(self.length, [self.codec.chunk_bytes(a) for a in self._acc], self.layout)

@@ -36,9 +36,9 @@ from sealfl.common import protocol as P
 from sealfl.common.codecs import Codec
 from sealfl.common.testpoints import testpoint
 
-from .aggregate import Validated, sum_chunks
+from .aggregate import RunningSum
 from .bookkeeping import CampaignDir
-from .errors import NotEnoughPartnersError, SecretKeyPresentError
+from .errors import NotEnoughPartnersError, SecretKeyPresentError, ServerError
 from .intake import Roster, screen
 from .validation import ReplyLimits, parse_eval_reply, parse_train_reply
 
@@ -150,10 +150,11 @@ class EncryptedFedAvg(FedAvg):
         """
         t0 = time.perf_counter()
         roster = self.roster
+        running = RunningSum(self.codec, self.n_params)  # summed while checked: each chunk parsed once
         screened = screen(
             replies, self._sent, roster,
             lambda p, c: parse_train_reply(c, codec=self.codec, length=self.n_params, limits=self.limits,
-                                           declared_n=roster.n_train[p], signed=roster.signed),
+                                           declared_n=roster.n_train[p], signed=roster.signed, running=running),
             phase="train")
         rejected = {**self._absent, **screened.rejected}
         accepted = sorted(screened.accepted)
@@ -167,7 +168,9 @@ class EncryptedFedAvg(FedAvg):
             raise NotEnoughPartnersError("the statistics ciphertext is missing from the global record")
         upd = {p: screened.accepted[p] for p in accepted}
         testpoint("aggregate", server_round)
-        model_ct = sum_chunks(self.codec, Validated({p: r.chunks for p, r in upd.items()}, rejected), self.n_params)
+        if running.partners != len(upd):  # parse is screen's last step: every accepted reply was added
+            raise ServerError(f"internal: {running.partners} updates summed, {len(upd)} accepted")
+        model_ct = running.frame()
         total = sum(r.n for r in upd.values())
         loss = float(sum(r.loss * r.n for r in upd.values()) / total)
         bytes_in = sum(len(r.frame) for r in upd.values())

@@ -42,6 +42,7 @@ from sealfl.common.errors import CiphertextError
 from sealfl.common.codecs import Codec
 from sealfl.common.framed import PACKED, WIDE, Layout
 
+from .aggregate import RunningSum
 from .errors import ReplyError, ServerError
 
 __all__ = [
@@ -200,15 +201,19 @@ def check_u8_array(array: Any, field: str, max_bytes: int) -> bytes:
     return arr.tobytes()
 
 
-def check_frame(codec: Codec, blob: bytes, length: int, field: str, layout: Layout = PACKED) -> list[bytes]:
+def check_frame(codec: Codec, blob: bytes, length: int, field: str, layout: Layout = PACKED,
+                parsed: list | None = None) -> list[bytes]:
     """A ciphertext frame of ``length`` values in ``layout`` that every sum may add:
     header, size bounds, canonical chunks, fresh-ciphertext shape, trial addition (see
-    the codec module). Returns its chunks. Raises ReplyError."""
+    the codec module). Returns its chunks; if ``parsed`` is a list, the parsed chunks are
+    appended to it. Raises ReplyError."""
     try:
         n, chunks = codec.split(blob, length, layout)
-        codec.load_chunks(chunks, n, layout)
+        loaded = codec.load_chunks(chunks, n, layout)
     except CiphertextError as exc:
         raise ReplyError(field, str(exc)) from exc
+    if parsed is not None:
+        parsed.extend(loaded)
     return chunks
 
 
@@ -221,7 +226,7 @@ def _partner_shape(signed: bool) -> tuple[str, tuple]:
 
 
 def parse_train_reply(content: Any, *, codec: Codec, length: int, limits: ReplyLimits, declared_n: int,
-                      signed: bool = True) -> TrainReply:
+                      signed: bool = True, running: RunningSum | None = None) -> TrainReply:
     """Check a train reply (see module docstring) and return it parsed.
 
     Args:
@@ -230,6 +235,8 @@ def parse_train_reply(content: Any, *, codec: Codec, length: int, limits: ReplyL
         limits: the campaign's :class:`ReplyLimits`.
         declared_n: the ``n`` this partner declared in the statistics round.
         signed: whether the ``partner`` record must carry a signature.
+        running: if given, the update's parsed chunks are added to it once every check
+            passed (the ciphertext is checked last), so the round's sum needs no second parse.
     Raises:
         ReplyError: naming the field and the reason.
     """
@@ -243,7 +250,11 @@ def parse_train_reply(content: Any, *, codec: Codec, length: int, limits: ReplyL
     loss = check_real(m[P.TRAIN_LOSS], f"{P.METRICS}.{P.TRAIN_LOSS}", lo=0.0, hi=limits.max_loss)
     field = f"{P.UPDATE}.{P.UPDATE_CT}"
     frame = check_u8_array(content[P.UPDATE][P.UPDATE_CT], field, codec.params.max_frame_bytes(length))
-    return TrainReply(frame, check_frame(codec, frame, length, field), n, loss)
+    parsed: list = []
+    reply = TrainReply(frame, check_frame(codec, frame, length, field, parsed=parsed), n, loss)
+    if running is not None:  # every check passed: nothing after this can refuse the reply
+        running.add(parsed)
+    return reply
 
 
 def parse_stats_reply(content: Any, *, codec: Codec, length: int, limits: ReplyLimits,
