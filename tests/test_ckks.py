@@ -41,10 +41,12 @@ def test_aggregator_context_cannot_decrypt(codecs):
     blob = secret.encrypt(np.arange(10.0))
     with pytest.raises(SecretKeyMissingError):
         public.decrypt(blob)
-    # and the library itself refuses: TenSEAL raises on decrypt without a secret key
-    (vec,) = public.parse(blob)
-    with pytest.raises(ValueError, match="secret"):
-        vec.decrypt()
+    with pytest.raises(SecretKeyMissingError):  # updates are encrypted with the secret key
+        public.encrypt(np.arange(10.0))
+    # and the library itself refuses: the aggregator's context yields no secret key
+    public.parse(blob)
+    with pytest.raises(ValueError, match="Secret key"):
+        public._ctx.secret_key()
 
 
 def test_public_context_bytes_hold_no_secret(codecs):
@@ -104,7 +106,7 @@ def test_kind_count_weighting_through_the_key_holder_path_equals_numpy(codecs):
     models = [rng.normal(0, 0.8, 300) for _ in range(5)]
     counts = [97, 301, 12, 55, 160]
     total = sum(counts)
-    frames = {f"p{i}": public.encrypt(update_share(m, n, total, secret.WEIGHTING))
+    frames = {f"p{i}": secret.encrypt(update_share(m, n, total, secret.WEIGHTING))
               for i, (m, n) in enumerate(zip(models, counts))}
     summed = sum_chunks(public, validate_frames(public, frames, 300), 300)
     got = open_model(share_to_sum(secret.decrypt(summed, 300), total, secret.WEIGHTING), total, DecryptBounds())
@@ -121,23 +123,22 @@ def test_sum_of_nothing_is_an_error(codecs):
 # ---- what summation needs, checked per partner before anything is added ----------------
 
 def _rescaled(secret, values, scale_bits):
-    import tenseal as ts
+    from faults_partner import rescale_chunk
 
-    ctx = ts.context_from(secret.secret_context_bytes())
-    ctx.global_scale = 2.0**scale_bits
-    return secret.frame(len(values), [ts.ckks_vector(ctx, list(values)).serialize()])
+    length, chunks = secret.split(secret.encrypt(np.asarray(values)))
+    return secret.frame(length, [rescale_chunk(secret, c, scale_bits) for c in chunks])
 
 
 def _lower_level(secret, values):
     import tenseal as ts
 
     vec = ts.ckks_vector(secret._ctx, list(values)) * ([1.0] * len(values))  # plain multiply + rescale: one prime less
-    return secret.frame(len(values), [vec.serialize()])
+    return secret.frame(len(values), [secret._io.save(vec.ciphertext()[0])])
 
 
 def _padded(secret, values, pad):
     _, (chunk,) = secret.split(secret.encrypt(np.asarray(values)))
-    field = bytes([(15 << 3) | 2])  # an unknown length-delimited protobuf field: TenSEAL's parser skips it
+    field = bytes([(15 << 3) | 2])  # what smuggled an unknown protobuf field past TenSEAL's parser
     n = pad
     while True:
         b, n = n & 0x7F, n >> 7
@@ -164,11 +165,11 @@ def test_kind_ciphertexts_that_cannot_be_added_are_refused_by_partner(codecs):
     assert "exceeds the bound" in v.rejected["padded-64MiB"]
     assert "not in canonical form" in v.rejected["padded-10B"]
     # without the checks SEAL itself fails the sum (the round used to die here)
-    import tenseal as ts
+    import tenseal.sealapi as sealapi
 
+    good, bad = (public._io.load_ciphertext(public._seal, secret.split(frames[k])[1][0]) for k in ("good", "scale-2^30"))
     with pytest.raises(ValueError, match="scale mismatch"):
-        ts.ckks_vector_from(public._ctx, secret.split(frames["good"])[1][0]) + \
-            ts.ckks_vector_from(public._ctx, secret.split(frames["scale-2^30"])[1][0])
+        public._evaluator.add(good, bad, sealapi.Ciphertext())
 
 
 def test_kind_validated_frames_always_add(codecs):
@@ -202,3 +203,18 @@ def test_kind_oversized_frame_is_refused_before_any_chunk_is_parsed(codecs):
     hdr = blob[:HEADER.size] + (1 << 30).to_bytes(4, "little")
     with pytest.raises(CiphertextError, match="more than a ciphertext of these parameters can be"):
         public.split(hdr, 14)
+
+
+def test_kind_partners_send_seeded_ciphertexts(codecs):
+    """A partner's chunk carries c1 as SEAL's seed: about half of an expanded chunk (the
+    aggregator's sum), whose size follows from the parameters -- 2 polynomials x N x the
+    data primes' 60 + 40 bits, which zstd cannot shrink much."""
+    secret, public = codecs
+    frames = [secret.encrypt(np.full(4096, 0.25)) for _ in range(2)]
+    assert frames[0] != frames[1]  # fresh seed and error each time
+    _, (part,) = public.split(frames[0], 4096)
+    _, (summed,) = public.split(public.sum_frames(frames, 4096), 4096)
+    expanded_bits = 2 * secret.params.poly_modulus_degree * (60 + 40)
+    assert len(summed) > 0.85 * expanded_bits / 8
+    assert len(part) < 0.55 * len(summed)
+    np.testing.assert_allclose(secret.decrypt(public.sum_frames(frames, 4096), 4096), 0.5, atol=1e-6)

@@ -24,14 +24,9 @@ Parameters (:class:`BFVParams`, defaults measured in ``bench/codec_bench.py``):
   wrong slots in 4 x 4096 sums of 64 max-range ciphertexts; t = 2^57 fails every slot).
   The aggregator's context carries **no keys at all** (~90 bytes): it can neither
   decrypt nor encrypt, only add.
-- **Seeded ciphertexts** (the wire form of every partner's chunk): a fresh symmetric
-  ciphertext is ``(c0, c1)`` with ``c1`` uniform, so SEAL can serialise the 64-byte PRNG
-  seed of ``c1`` instead of ``c1`` itself (``Encryptor::encrypt_symmetric`` returning
-  ``Serializable<Ciphertext>``; SEAL manual, "Serialization" example). TenSEAL's vector
-  API always writes the expanded form (TenSEAL issue #464), so this codec encrypts through
-  TenSEAL's ``sealapi`` bindings of SEAL directly (:mod:`sealfl.common.sealio`). Measured:
-  ~34,030 bytes per chunk of 8,192 values instead of ~68,900 -- about 1.04x the fp32 bytes.
-  The aggregator's loader expands the seed; sums travel expanded (one per round).
+- **Seeded ciphertexts** (:mod:`sealfl.common.sealchunks`): a partner's chunk of 8,192
+  values travels as ~34,030 bytes instead of the expanded ~68,900 -- about 1.04x the fp32
+  bytes.
 
 Layouts (:class:`Layout`, one byte in the frame header; a frame is only ever checked
 against the layout its caller expects):
@@ -51,26 +46,11 @@ against the layout its caller expects):
 Decoding is exact: the decrypted slot P (centred mod t, |P| < t/2) gives
 ``q0 = centred(P mod 2^27)`` and ``q1 = (P - q0) / 2^27``.
 
-Frames: :mod:`sealfl.common.framed` with magic ``b"SFB2"``, each chunk one SEAL 4
-``Ciphertext`` serialisation (zstd), seeded from partners, expanded for sums. A SEAL
-ciphertext carries no slot count: every chunk encrypts N slots (unused ones zero), and the
-frame's length says how many are read.
-
-What a frame from outside must satisfy before anything adds it (the hardening rules of
-issue 5, same order as the CKKS codec they were written for): (1) size before parsing -- frame at
-most :meth:`BFVParams.max_frame_bytes`, each chunk at most
-:attr:`BFVParams.max_chunk_bytes`; (2) header -- magic, version, the expected layout,
-this campaign's context id, the expected length and chunk count; (3) per chunk -- is
-exactly one zstd-compressed SEAL 4 object (checked on the bytes, before SEAL parses
-them: :func:`sealfl.common.sealio.header_problem` -- magic, header, compression, and a
-size equal to the chunk's, so no byte is carried after it), loads as a ``Ciphertext``
-under this context (SEAL validates its metadata and that every residue lies below its
-prime; a seeded one is expanded), has a fresh ciphertext's shape (2
-polynomials, not NTT form, not transparent, the first data level's ``parms_id`` and
-prime count, scale 1); (4) a trial addition (SEAL's ``add`` checks ``parms_id``, NTT
-form and scale). What cannot be checked without the secret key: that the content is in
-range. A partner that encrypts out-of-range values corrupts at most the sums of the
-slots it writes (and, through a carry, the neighbouring packed value): the key holders'
+Frames: :mod:`sealfl.common.framed` with magic ``b"SFB2"``; each chunk is one SEAL
+ciphertext, checked as :mod:`sealfl.common.sealchunks` describes (BFV: not NTT form,
+scale 1). What cannot be checked without the secret key: that the content is in range.
+A partner that encrypts out-of-range values corrupts at most the sums of the slots it
+writes (and, through a carry, the neighbouring packed value): the key holders'
 decrypted-value bounds (:mod:`sealfl.common.decrypted`) remain the defence.
 """
 
@@ -84,8 +64,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import CiphertextError, SecretKeyMissingError
-from .framed import LAYOUTS, PACKED, WIDE, ChunkedParams, FramedCodec, Layout, tenseal
-from .sealio import SealIO, header_problem
+from .framed import LAYOUTS, PACKED, WIDE, ChunkedParams, Layout, tenseal
+from .sealchunks import SealChunkCodec
 
 __all__ = ["MAGIC", "BFVParams", "BFVCodec", "quantize", "pack", "unpack", "context_id",
            "Layout", "PACKED", "WIDE", "LAYOUTS"]
@@ -192,7 +172,7 @@ def context_id(public_context_bytes: bytes, salt: bytes) -> bytes:
     return hashlib.sha256(b"sealfl-bfv-context\0" + public_context_bytes + salt).digest()
 
 
-class BFVCodec(FramedCodec):
+class BFVCodec(SealChunkCodec):
     """Encrypt, add and decrypt framed packed-BFV vectors under one TenSEAL context.
 
     :meth:`generate` makes a secret (symmetric) context; :meth:`from_bytes` loads one.
@@ -211,12 +191,20 @@ class BFVCodec(FramedCodec):
         self._ctx = context
         self.params = params
         self.context_id = ctx_id
-        self._seal = context.seal_context().data
-        self._first_parms_id = list(self._seal.first_parms_id())
-        self._io = SealIO()
+        self._init_seal(context)
         self._encoder = sealapi.BatchEncoder(self._seal)
-        self._evaluator = sealapi.Evaluator(self._seal)
-        self._secret = context.secret_key().data if context.is_private() else None
+
+    _scale = 1.0  # BFV ciphertexts have scale 1
+
+    def _encode(self, values: list):
+        import tenseal.sealapi as sealapi
+
+        plain = sealapi.Plaintext()
+        self._encoder.encode(values or [0], plain)
+        return plain
+
+    def _decode(self, plain) -> list:
+        return self._encoder.decode_int64(plain)
 
     @classmethod
     def generate(cls, params: BFVParams | None = None) -> "BFVCodec":
@@ -251,66 +239,8 @@ class BFVCodec(FramedCodec):
         Raises SecretKeyMissingError without the secret key (symmetric encryption);
         CiphertextError for a non-1-D or non-finite vector or an out-of-range value.
         """
-        if not self.has_secret_key:
-            raise SecretKeyMissingError("only key holders encrypt (symmetric BFV): this context has no secret key")
-        import tenseal.sealapi as sealapi
-
         q = quantize(vector, layout)
-        slots = pack(q, layout)
-        n = self.params.slots
-        encryptor = sealapi.Encryptor(self._seal, self._secret)
-        chunks = []
-        for i in range(0, max(slots.size, 1), n):
-            plain = sealapi.Plaintext()
-            self._encoder.encode(slots[i:i + n].tolist() or [0], plain)
-            chunks.append(self._io.save(encryptor.encrypt_symmetric(plain)))  # seeded: c0 and c1's seed
-        return self.frame(q.size, chunks, layout)
-
-    # ---- checks (issue 5's rules 3-4; 1-2 are FramedCodec.split) -------------------------
-    def _check_bytes(self, i: int, raw: bytes, slots: int) -> None:
-        problem = header_problem(raw)
-        if problem:
-            raise CiphertextError(f"chunk {i} is not in canonical form: {problem}")
-
-    def _parse_chunk(self, raw: bytes):
-        return self._io.load_ciphertext(self._seal, raw)
-
-    def _check_slots(self, i: int, ct, want: int) -> None:
-        """A SEAL ciphertext always holds N slots; the frame's length says how many are read."""
-
-    def _check_parsed(self, i: int, ct, raw: bytes) -> None:
-        import tenseal.sealapi as sealapi
-
-        problems = []
-        if ct.size() != 2:
-            problems.append(f"{ct.size()} polynomials (a fresh ciphertext has 2)")
-        if ct.is_ntt_form():
-            problems.append("in NTT form (a BFV ciphertext is not)")
-        if ct.is_transparent():
-            problems.append("transparent (not encrypted)")
-        if ct.coeff_modulus_size() != self.params.data_primes or list(ct.parms_id()) != self._first_parms_id:
-            problems.append(f"at another modulus level ({ct.coeff_modulus_size()} primes, expected "
-                            f"{self.params.data_primes})")
-        if ct.scale != 1.0:
-            problems.append(f"scale {ct.scale} (BFV ciphertexts have scale 1)")
-        if problems:
-            raise CiphertextError(f"chunk {i} cannot be added to this campaign's ciphertexts: " + "; ".join(problems))
-        try:
-            self._evaluator.add(ct, ct, sealapi.Ciphertext())
-        except Exception as exc:  # SEAL: ValueError "encrypted1 and encrypted2 parameter mismatch", ...
-            raise CiphertextError(f"chunk {i} fails a trial addition: {exc}") from exc
-
-    def add_into(self, acc, ct):
-        """``acc += ct`` (SEAL ``Evaluator::add_inplace``); returns ``acc``. Raises CiphertextError."""
-        try:
-            self._evaluator.add_inplace(acc, ct)
-        except Exception as exc:
-            raise CiphertextError(f"cannot add the ciphertexts: {exc}") from exc
-        return acc
-
-    def chunk_bytes(self, ct) -> bytes:
-        """A loaded (e.g. summed) ciphertext serialised, expanded (a sum has no seed)."""
-        return self._io.save(ct)
+        return self.frame(q.size, self._seeded_chunks(pack(q, layout), self.params.slots), layout)
 
     def decrypt(self, blob: bytes, expected_length: int | None = None, layout: Layout = PACKED) -> np.ndarray:
         """Decrypt a frame into float64 (length,) -- exact fixed-point values.
@@ -320,15 +250,6 @@ class BFVCodec(FramedCodec):
         """
         if not self.has_secret_key:
             raise SecretKeyMissingError("this BFV context holds no secret key; only key holders can decrypt")
-        import tenseal.sealapi as sealapi
-
-        length, chunks = self.split(blob, expected_length, layout)
-        decryptor = sealapi.Decryptor(self._seal, self._secret)
-        parts = []
-        for i, ct in enumerate(self.load_chunks(chunks, length, layout)):
-            plain = sealapi.Plaintext()
-            decryptor.decrypt(ct, plain)
-            parts.append(np.asarray(self._encoder.decode_int64(plain), dtype=np.int64)[:self.slots_in_chunk(i, length,
-                                                                                                             layout)])
-        slots = np.concatenate(parts)
+        length, parts = self._decrypted_chunks(blob, expected_length, layout)
+        slots = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
         return np.ldexp(unpack(slots, layout, length).astype(np.float64), -layout.frac_bits)

@@ -2,8 +2,10 @@
 (ARCHITECTURE.md: every partner's update travels as CKKS ciphertext).
 
 A vector is split into chunks of ``slots`` values (``poly_modulus_degree / 2``, one
-CKKS ciphertext each), encrypted and framed (:mod:`sealfl.common.framed`, magic
-``b"SFC2"``; the layout byte is the :data:`~sealfl.common.framed.PACKED` /
+CKKS ciphertext each), encrypted with the secret key and sent **seeded**
+(:mod:`sealfl.common.sealchunks`: half the bytes of TenSEAL's vectors), and framed
+(:mod:`sealfl.common.framed`, magic ``b"SFC3"``; ``b"SFC2"`` frames carried TenSEAL
+CKKSVector chunks; the layout byte is the :data:`~sealfl.common.framed.PACKED` /
 :data:`~sealfl.common.framed.WIDE` of the caller, so statistics never pass for an update).
 Partners encrypt ``n_i w_i`` (``WEIGHTING = "count"``; the BFV codec carries shares
 ``(n_i / N) w_i`` instead), range-checked by :func:`check_values`; the layout's packing
@@ -17,15 +19,12 @@ or Galois keys (Galois keys alone make a public context ~35 MB). The aggregator'
 holds the public key but no secret key.
 
 What a frame from outside must satisfy before anything adds it (issue 5): (1) size
-before parsing and (2) header -- :meth:`FramedCodec.split`; (3) per chunk: it parses
-under this context, holds the expected number of values, is **canonical** (re-serialising
-the parsed vector gives back exactly the bytes received: TenSEAL's protobuf parser skips
-unknown fields, so a valid ciphertext followed by an unknown 64 MiB field parses --
-measured with TenSEAL 0.3.18), and has a fresh ciphertext's shape: 2 polynomials, NTT
-form, not transparent, the context's first data level (``parms_id``, prime count) and
-scale exactly ``2**scale_bits``; (4) a **trial addition** to a fresh encryption of zeros
-(SEAL's ``add`` checks ``parms_id``, NTT form and scale), so a chunk that passes cannot
-make a later sum raise.
+before parsing and (2) header -- :meth:`FramedCodec.split`; (3) one whole SEAL object per
+chunk, a fresh ciphertext's shape (CKKS: NTT form, scale exactly ``2**scale_bits``) and
+(4) a trial addition -- :mod:`sealfl.common.sealchunks`. (The former TenSEAL-vector chunks
+needed a re-serialisation check: TenSEAL's protobuf parser skips unknown fields, so a
+valid ciphertext followed by an unknown 64 MiB field parsed; a bare SEAL object has a
+size in its header, checked against the chunk's before parsing.)
 
 Decryptions carry noise that depends on the secret key: key holders round them before
 anything leaves (:mod:`sealfl.common.decrypted`, Li and Micciancio, ePrint 2020/1533).
@@ -34,17 +33,17 @@ anything leaves (:mod:`sealfl.common.decrypted`, Li and Micciancio, ePrint 2020/
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import CiphertextError, SecretKeyMissingError
-from .framed import PACKED, ChunkedParams, FramedCodec, Layout, tenseal
+from .errors import CiphertextError
+from .framed import PACKED, ChunkedParams, Layout, tenseal
+from .sealchunks import SealChunkCodec
 
 __all__ = ["MAGIC", "CKKSParams", "CKKSCodec", "context_id", "check_values", "MAX_ABS"]
 
-MAGIC = b"SFC2"
+MAGIC = b"SFC3"
 
 
 @dataclass(frozen=True)
@@ -119,24 +118,43 @@ def check_values(values: np.ndarray, layout: Layout) -> np.ndarray:
     return v
 
 
-class CKKSCodec(FramedCodec):
+class CKKSCodec(SealChunkCodec):
     """Encrypt, add and decrypt framed CKKS vectors under one TenSEAL context.
 
     :meth:`generate` makes a secret context (key ceremony); :meth:`from_bytes` loads one.
-    The aggregator's context (:meth:`public_context_bytes`) has no secret key: it can
-    encrypt and add, never decrypt.
+    Key holders (partners, the release enclave) encrypt with the secret key (seeded
+    symmetric ciphertexts). The aggregator's context (:meth:`public_context_bytes`) has
+    no secret key: it adds, never decrypts.
     """
 
     MAGIC = MAGIC
     SCHEME = "CKKS"
     #: partners encrypt ``n_i w_i`` (:func:`sealfl.common.decrypted.update_share`)
     WEIGHTING = "count"
+    NTT_FORM = True  # SEAL keeps CKKS ciphertexts in NTT form
 
     def __init__(self, context, params: CKKSParams, ctx_id: bytes):
+        import tenseal.sealapi as sealapi
+
         self._ctx = context
         self.params = params
         self.context_id = ctx_id
-        self._zeros: dict[int, object] = {}  # vector size -> fresh encryption of zeros
+        self._init_seal(context)
+        self._encoder = sealapi.CKKSEncoder(self._seal)
+
+    @property
+    def _scale(self) -> float:
+        return 2.0**self.params.scale_bits
+
+    def _encode(self, values: list):
+        import tenseal.sealapi as sealapi
+
+        plain = sealapi.Plaintext()
+        self._encoder.encode([float(x) for x in values] or [0.0], self._scale, plain)
+        return plain
+
+    def _decode(self, plain) -> list:
+        return self._encoder.decode_double(plain)
 
     @classmethod
     def generate(cls, params: CKKSParams | None = None) -> "CKKSCodec":
@@ -159,63 +177,14 @@ class CKKSCodec(FramedCodec):
         return cls(ctx, params, ctx_id)
 
     def encrypt(self, vector: np.ndarray, layout: Layout = PACKED) -> bytes:
-        """Encrypt a 1-D real vector (used as float64) under ``layout``; returns a frame.
+        """Encrypt a 1-D real vector (used as float64) under ``layout`` with the secret key;
+        returns a frame of seeded chunks.
 
-        Raises CiphertextError for a non-1-D or non-finite vector or an out-of-range value
-        (:func:`check_values`).
+        Raises SecretKeyMissingError without the secret key; CiphertextError for a non-1-D
+        or non-finite vector or an out-of-range value (:func:`check_values`).
         """
-        ts = tenseal()
         v = check_values(vector, layout)
-        n = self.params.slots
-        chunks = [ts.ckks_vector(self._ctx, v[i:i + n].tolist()).serialize() for i in range(0, v.size, n)] \
-            if v.size else [ts.ckks_vector(self._ctx, [0.0]).serialize()]
-        return self.frame(v.size, chunks, layout)
-
-    def _parse_chunk(self, raw: bytes):
-        return tenseal().ckks_vector_from(self._ctx, raw)
-
-    def _check_parsed(self, i: int, vec, raw: bytes) -> None:
-        self._check_fresh_shape(i, vec, raw)
-
-    def _zero(self, size: int):
-        """A fresh encryption of ``size`` zeros under this context (cached; the public key suffices)."""
-        if size not in self._zeros:
-            self._zeros[size] = tenseal().ckks_vector(self._ctx, [0.0] * size)
-        return self._zeros[size]
-
-    def _check_fresh_shape(self, i: int, vec, raw: bytes) -> None:
-        try:
-            canonical = vec.serialize()
-        except Exception as exc:  # TenSEAL raises ValueError/RuntimeError
-            raise CiphertextError(f"chunk {i} does not re-serialise: {exc}") from exc
-        if canonical != raw:
-            raise CiphertextError(f"chunk {i} is not in canonical form ({len(raw)} bytes received, "
-                                  f"{len(canonical)} after re-serialisation): extra or altered bytes")
-        cts = vec.ciphertext()
-        if len(cts) != 1:
-            raise CiphertextError(f"chunk {i} holds {len(cts)} ciphertexts, expected 1")
-        ct = cts[0]
-        zero = self._zero(vec.size()).ciphertext()[0]
-        want_scale = 2.0**self.params.scale_bits
-        problems = []
-        if ct.size() != 2:
-            problems.append(f"{ct.size()} polynomials (a fresh ciphertext has 2)")
-        if not ct.is_ntt_form():
-            problems.append("not in NTT form")
-        if ct.is_transparent():
-            problems.append("transparent (not encrypted)")
-        if ct.coeff_modulus_size() != self.params.data_primes or list(ct.parms_id()) != list(zero.parms_id()):
-            problems.append(f"at another modulus level ({ct.coeff_modulus_size()} primes, expected "
-                            f"{self.params.data_primes})")
-        if ct.scale != want_scale:
-            problems.append(f"scale 2^{math.log2(ct.scale) if ct.scale > 0 else float('nan'):.2f}, "
-                            f"expected 2^{self.params.scale_bits}")
-        if problems:
-            raise CiphertextError(f"chunk {i} cannot be added to this campaign's ciphertexts: " + "; ".join(problems))
-        try:
-            self._zero(vec.size()) + vec
-        except Exception as exc:  # SEAL: ValueError "scale mismatch", "parameter mismatch", ...
-            raise CiphertextError(f"chunk {i} fails a trial addition to an encryption of zeros: {exc}") from exc
+        return self.frame(v.size, self._seeded_chunks(v, self.params.slots), layout)
 
     def decrypt(self, blob: bytes, expected_length: int | None = None, layout: Layout = PACKED) -> np.ndarray:
         """Decrypt a frame into float64 (length,) -- with CKKS noise: round before publishing
@@ -224,10 +193,5 @@ class CKKSCodec(FramedCodec):
         Raises SecretKeyMissingError without the secret key; CiphertextError for an
         invalid frame.
         """
-        if not self.has_secret_key:
-            raise SecretKeyMissingError("this CKKS context holds no secret key; only key holders (partners, the "
-                                        "release enclave) can decrypt")
-        length, chunks = self.split(blob, expected_length, layout)
-        vecs = self.load_chunks(chunks, length, layout)
-        out = np.concatenate([np.asarray(v.decrypt(), dtype=np.float64) for v in vecs])
-        return out[:length]
+        length, parts = self._decrypted_chunks(blob, expected_length, layout)
+        return np.concatenate([np.asarray(p, dtype=np.float64) for p in parts])[:length]
