@@ -19,6 +19,11 @@ partner required).
   plaintext, leaving out round 1 (Ray actor warm-up) when there are more rounds;
 - **P3** = pooled test accuracy after the last round (heart-4), beside FLamby's
   published pooled 0.776 and FedAvg 0.654;
+- **P2.<config>_aggregator_floor** = (plaintext round + the encrypted run's extra
+  aggregation time) / plaintext round, medians: the lowest round ratio the encrypted run
+  could reach even if partners encrypted and decrypted for free, since the aggregator's
+  sum (validation, parse, add) runs between the train and evaluate phases with nothing
+  to overlap it;
 - **P6.ratio_N** = peak RSS of the coordinator (the worker process hosting the ServerApp
   and Flower's simulation driver) encrypted / plaintext at N partners; round times at
   each N are in ``round.json``.
@@ -46,6 +51,15 @@ WITH_CKKS = ("heart-4", "lora-8")
 
 def _median_round(seconds: list[float]) -> float:
     return statistics.median(seconds[1:] if len(seconds) > 1 else seconds)
+
+
+def _aggregator_floor(enc: dict, plain: dict) -> float | None:
+    """(plaintext round + extra aggregation seconds) / plaintext round, from medians."""
+    a, b = [x for x in enc["aggregate_seconds"] if x is not None], [x for x in plain["aggregate_seconds"] if x is not None]
+    if not a or not b:
+        return None
+    t = _median_round(plain["round_seconds"])
+    return (t + max(0.0, _median_round(a) - _median_round(b))) / t
 
 
 def run(only: list[str]) -> dict:
@@ -84,6 +98,9 @@ def run(only: list[str]) -> dict:
                       f"coordinator peak RSS {(res.coordinator_peak_rss_bytes or 0) / 2**20:.0f} MiB", flush=True)
             cfg["round_ratio"] = _median_round(cfg["encrypted"]["round_seconds"]) / \
                 _median_round(cfg["plaintext"]["round_seconds"])
+            for label in ("encrypted", "ckks"):
+                if label in cfg:
+                    cfg[f"aggregator_floor_{label}"] = _aggregator_floor(cfg[label], cfg["plaintext"])
             e, p = cfg["encrypted"]["coordinator_peak_rss_bytes"], cfg["plaintext"]["coordinator_peak_rss_bytes"]
             cfg["rss_ratio"] = e / p if e and p else None
             if "ckks" in cfg:
@@ -104,6 +121,8 @@ def run(only: list[str]) -> dict:
     if "lora-8" in c:
         summary["P2.lora"] = c["lora-8"]["round_ratio"]
         summary["P2.lora_ckks"] = c["lora-8"].get("round_ratio_ckks")
+        summary["P2.lora_aggregator_floor"] = c["lora-8"].get("aggregator_floor_encrypted")
+        summary["P2.lora_aggregator_floor_ckks"] = c["lora-8"].get("aggregator_floor_ckks")
     for n in (64, 256):
         if f"heart-{n}" in c:
             summary[f"P6.ratio_{n}"] = c[f"heart-{n}"]["rss_ratio"]
