@@ -157,7 +157,7 @@ def test_kind_quantisation_rounds_to_nearest_step():
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(extra=st.binary(min_size=1, max_size=64), where=st.sampled_from(["end", "cut", "size", "compr", "magic"]))
+@given(extra=st.binary(min_size=1, max_size=64), where=st.sampled_from(["end", "cut", "size", "compr", "magic", "reserved"]))
 def test_kind_chunk_outside_one_whole_seal_object_is_refused_before_parsing(codecs, extra, where, monkeypatch):
     from sealfl.common.sealio import SEAL_HEADER, SealIO, header_problem
 
@@ -171,6 +171,8 @@ def test_kind_chunk_outside_one_whole_seal_object_is_refused_before_parsing(code
         fields[4] = extra[0] if extra[0] != 2 else 0  # no compression / an unknown mode
     elif where == "magic":
         fields[0] = 0xA15E ^ (extra[0] | 1)
+    elif where == "reserved":
+        fields[5] = extra[0] | 1
     head = SEAL_HEADER.pack(*fields)
     bad = {"end": chunk + extra, "cut": chunk[:max(1, len(chunk) - len(extra))]}.get(where, head + chunk[16:])
     assert header_problem(bad) is not None
@@ -196,3 +198,42 @@ def test_kind_partners_send_seeded_ciphertexts_within_p1(codecs):
     # expanded size from the parameters: 2 polynomials x N x 2 primes x 32-bit residues, ~zstd-packed
     assert len(summed[0]) > 2 * 4096 * 2 * 4
     np.testing.assert_allclose(secret.decrypt(public.sum_frames(frames, n), n), 2 * v, atol=2 * 2.0**-24)
+
+
+def test_kind_honest_weights_beyond_the_range_never_wrap_the_sum(codecs):
+    """Weights |w| >= 8 (e.g. 9 in every one of 4 equal partners) are clipped before the
+    shares are made, so the packed sum cannot wrap (four shares of 2.25 used to decrypt as
+    -7). Expected: NumPy's weighted average of the clipped weights."""
+    from sealfl.common.decrypted import update_share
+
+    secret, public = codecs
+    w = np.array([[9.0, 0.1, -9.0, 7.99, 100.0], [9.0, 0.3, -9.0, 7.99, -3.0],
+                  [9.0, 0.1, -9.0, 7.99, 2.0], [9.0, 0.5, -9.0, 7.99, 1e6]])
+    n = [10, 20, 30, 40]
+    frames = [secret.encrypt(update_share(w[i], n[i], sum(n), secret.WEIGHTING)) for i in range(4)]
+    got = secret.decrypt(public.sum_frames(frames, 5), 5)
+    expected = np.average(np.clip(w, -PACKED.clip, PACKED.clip), axis=0, weights=n)
+    assert np.max(np.abs(got - expected)) <= 4 * 2.0**-24
+    assert got[0] > 7.9 and got[2] < -7.9  # not wrapped to the other sign
+
+
+@pytest.mark.parametrize("bad", [np.array([1 + 2j]), np.array(["1", "2"]), np.array([object()])])
+def test_kind_non_real_input_is_refused_not_coerced(codecs, bad):
+    from sealfl.common.ckks import CKKSCodec
+
+    with pytest.raises(CiphertextError, match="real numbers"):
+        codecs[0].encrypt(bad)
+    with pytest.raises(CiphertextError, match="real numbers"):
+        CKKSCodec.generate().encrypt(bad)
+
+
+def test_kind_chunks_outside_their_frame_are_refused(codecs):
+    secret, public = codecs
+    _, chunks = secret.split(secret.encrypt(np.ones(14)), 14)
+    for length, first, extra in ((-5, 0, 0), (14, -1, 0), (14, 1, 0), (14, 0, 1)):
+        with pytest.raises(CiphertextError, match="do not belong"):
+            public.load_chunks(chunks * (1 + extra), length, first=first)
+    with pytest.raises(CiphertextError, match="u32"):
+        secret.frame(-1, chunks)
+    with pytest.raises(CiphertextError, match="u32"):
+        secret.frame(2**32, chunks)

@@ -34,9 +34,12 @@ against the layout its caller expects):
 - ``PACKED`` (model updates): values are clipped to ``±(8 - 2^-10)`` (Flower SecAgg+'s
   default clipping range 8), rounded to the nearest multiple of ``2^-23`` and packed two
   per slot as 27-bit signed fields: ``slot = q0 + q1 * 2^27``. FedAvg partners encrypt
-  ``(n_i / N) * w_i`` with N the total declared in the statistics round, so the *sum* of
-  all partners' values stays within ``±8`` because the weights sum to at most 1: that
-  normalisation is the guard for the number of partners (no guard bits are spent).
+  ``(n_i / N) * w_i`` with N the total declared in the statistics round and ``w_i``
+  itself clipped to ±(8 - 2^-10) first (:func:`sealfl.common.decrypted.update_share`), so
+  the *sum* of all partners' values stays within ``±8`` because the weights sum to at
+  most 1: that normalisation is the guard for the number of partners (no guard bits are
+  spent). A partner that skips the clipping can wrap the sum; so can one that lies about
+  its values in any other way -- the content is not checkable without the key.
   Sum error <= K * 2^-24 for K partners; for K <= 64 that is <= 2^-18, the quantisation
   step of SecAgg+'s defaults (range 16 over 2^22 levels).
 - ``WIDE`` (statistics ``[n, Σx, Σx²]`` and other unnormalised sums): one value per
@@ -122,7 +125,10 @@ def quantize(values: np.ndarray, layout: Layout) -> np.ndarray:
     Raises CiphertextError for NaN/inf, or a value beyond ``layout.max_abs`` when the
     layout does not clip.
     """
-    v = np.asarray(values, dtype=np.float64)
+    v = np.asarray(values)
+    if v.dtype.kind not in "biuf":
+        raise CiphertextError(f"can only encrypt real numbers, got dtype {v.dtype}")
+    v = v.astype(np.float64)
     if v.ndim != 1:
         raise CiphertextError(f"expected a 1-D vector, got shape {v.shape}")
     if not np.all(np.isfinite(v)):
@@ -236,8 +242,12 @@ class BFVCodec(SealChunkCodec):
     def encrypt(self, vector: np.ndarray, layout: Layout = PACKED) -> bytes:
         """Encrypt a 1-D real vector (used as float64) under ``layout``; returns a frame.
 
+        Values beyond the layout's ``clip`` are clipped with a warning (``PACKED``: ±(8 -
+        2^-10)); a layout without ``clip`` (``WIDE``) refuses them instead.
+
         Raises SecretKeyMissingError without the secret key (symmetric encryption);
-        CiphertextError for a non-1-D or non-finite vector or an out-of-range value.
+        CiphertextError for a non-1-D, non-real or non-finite vector, or a value beyond a
+        non-clipping layout's range.
         """
         q = quantize(vector, layout)
         return self.frame(q.size, self._seeded_chunks(pack(q, layout), self.params.slots), layout)

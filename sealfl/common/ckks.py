@@ -107,7 +107,10 @@ def check_values(values: np.ndarray, layout: Layout) -> np.ndarray:
     below :data:`MAX_ABS` (and below ``layout.max_abs`` for layouts that do not clip).
 
     Raises CiphertextError for a non-1-D vector, NaN/inf, or an out-of-range value."""
-    v = np.asarray(values, dtype=np.float64)
+    v = np.asarray(values)
+    if v.dtype.kind not in "biuf":
+        raise CiphertextError(f"can only encrypt real numbers, got dtype {v.dtype}")
+    v = v.astype(np.float64)
     if v.ndim != 1:
         raise CiphertextError(f"expected a 1-D vector, got shape {v.shape}")
     if not np.all(np.isfinite(v)):

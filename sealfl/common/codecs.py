@@ -39,7 +39,7 @@ def params_from_dict(d) -> Params:
 def params_for(name: str) -> Params:
     """Default parameters for a ``--he`` choice (``ckks`` or ``bfv``). Raises CiphertextError."""
     try:
-        return HE_SCHEMES[name]()
+        return HE_SCHEMES[str(name).strip().lower()]()
     except KeyError:
         raise CiphertextError(f"unknown HE scheme {name!r}; choose one of {sorted(HE_SCHEMES)}") from None
 

@@ -41,12 +41,16 @@ derived from it is published.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from .errors import DecryptedValueError
+from .framed import PACKED
+
+log = logging.getLogger(__name__)
 
 __all__ = ["DecryptBounds", "round_to_grid", "check_weight", "WEIGHTINGS", "update_share", "share_to_sum", "open_model", "open_stats",
            "round_metric"]
@@ -112,17 +116,29 @@ def update_share(params, n: int, declared_total: int, weighting: str) -> np.ndar
     ``"share"`` weighting, ``n * params`` for ``"count"`` (:data:`WEIGHTINGS`), with ``n``
     its training rows and ``N`` the total the partners declared in the statistics round
     (known to every partner from the global record). Shares of all partners sum to the
-    weighted average times ``W / N`` (W = rows of the accepted partners), so the encrypted
-    sum stays within the packed layout's ±8 whatever the number of partners
-    (:mod:`sealfl.common.bfv`). Raises DecryptedValueError for counts out of range or an
-    unknown weighting."""
+    weighted average times ``W / N`` (W = rows of the accepted partners).
+
+    For ``"share"`` (packed BFV) the parameters themselves are first clipped to
+    ``±PACKED.clip`` (8 - 2^-10, Flower SecAgg+'s clipping range), with a warning: then
+    ``|Σ (n_i/N) w_i| <= max|w_i| * Σ n_i/N < 8`` whatever the number of partners, so
+    the packed sum cannot wrap (:mod:`sealfl.common.bfv`). Clipping each *share* to ±8
+    would not do: four shares of 2.25 (w = 9) sum to 9 and wrap to -7.
+
+    Raises DecryptedValueError for counts out of range or an unknown weighting."""
     if not (isinstance(n, (int, np.integer)) and isinstance(declared_total, (int, np.integer))
             and 1 <= n <= declared_total):
         raise DecryptedValueError(f"cannot weight an update by {n!r} of {declared_total!r} rows")
     if weighting not in WEIGHTINGS:
         raise DecryptedValueError(f"unknown update weighting {weighting!r}")
-    scale = int(n) / int(declared_total) if weighting == "share" else float(int(n))
-    return np.asarray(params, dtype=np.float64) * scale
+    w = np.asarray(params, dtype=np.float64)
+    if weighting == "count":
+        return w * float(int(n))
+    over = int(np.count_nonzero(np.abs(w) > PACKED.clip))
+    if over:
+        log.warning("clipped %d of %d parameters to ±%g before weighting (the packed BFV layout's range)",
+                    over, w.size, PACKED.clip)
+        w = np.clip(w, -PACKED.clip, PACKED.clip)
+    return w * (int(n) / int(declared_total))
 
 
 def share_to_sum(decrypted_share, declared_total: int, weighting: str) -> np.ndarray:

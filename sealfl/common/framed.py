@@ -162,7 +162,10 @@ class FramedCodec:
         return bool(self._ctx.is_private())
 
     def frame(self, length: int, chunks: Sequence[bytes], layout: Layout = PACKED) -> bytes:
-        """Pack serialised chunks of a ``length``-value vector into one frame (bytes)."""
+        """Pack serialised chunks of a ``length``-value vector into one frame (bytes).
+        Raises CiphertextError for a length or chunk count outside the header's u32 fields."""
+        if not (0 <= int(length) < 1 << 32 and len(chunks) < 1 << 32):
+            raise CiphertextError(f"cannot frame {length!r} values in {len(chunks)} chunks (u32 header fields)")
         parts = [HEADER.pack(self.MAGIC, VERSION, layout.id, self.context_id, length, len(chunks))]
         for c in chunks:
             parts += [LEN.pack(len(c)), c]
@@ -229,7 +232,12 @@ class FramedCodec:
         the chunk and the failed check.
 
         ``checked=True`` only for bytes that already passed this method in this process
-        (the aggregator's sum): parse and slot count only."""
+        (the aggregator's sum): parse and slot count only. Raises CiphertextError also for
+        a negative ``length`` or ``first``, or chunks beyond the ones a ``length``-value
+        frame has."""
+        if int(length) < 0 or int(first) < 0 or first + len(chunks) > self.params.n_chunks(length, layout):
+            raise CiphertextError(f"chunks {first}..{first + len(chunks) - 1} do not belong to a frame of {length} "
+                                  f"values ({self.params.n_chunks(max(int(length), 0), layout)} chunks)")
         out = []
         for k, c in enumerate(chunks):
             i = first + k

@@ -127,7 +127,10 @@ class SealChunkCodec(FramedCodec):
                             f"{self.params.data_primes})")
         if ct.scale != self._scale:
             got = f"2^{math.log2(ct.scale):.2f}" if ct.scale > 0 else repr(ct.scale)
-            problems.append(f"scale {got}, expected 2^{math.log2(self._scale):g}")
+            if got == f"2^{math.log2(self._scale):.2f}":
+                got = repr(ct.scale)  # differs below the shown precision
+            problems.append(f"scale {got}, expected 2^{math.log2(self._scale):g}" +
+                            (f" = {self._scale!r}" if got == repr(ct.scale) else ""))
         if problems:
             raise CiphertextError(f"chunk {i} cannot be added to this campaign's ciphertexts: " + "; ".join(problems))
         try:

@@ -31,16 +31,21 @@ def header_problem(raw: bytes) -> str | None:
     """Why ``raw`` is not exactly one zstd-compressed SEAL object (None if it is).
 
     Checks, on the bytes only: SEAL's magic, a 16-byte header, zstd compression, SEAL
-    version 4, and that the header's total size equals ``len(raw)`` (so no byte follows
-    the object). What is inside the compressed stream is SEAL's to check when it loads.
+    version 4, a zero reserved field, and that the header's total size equals
+    ``len(raw)`` (so no byte follows the object). What is inside the compressed stream is
+    SEAL's to check when it loads -- and SEAL ignores what follows the ciphertext's members
+    there (zstd skippable frames, extra decompressed bytes): such bytes ride within the
+    chunk size bound and die at the aggregator, whose sums SEAL serialises afresh.
     """
     if len(raw) < SEAL_HEADER.size:
         return f"{len(raw)} bytes, shorter than SEAL's header"
-    magic, hsize, major, _minor, compr, _reserved, size = SEAL_HEADER.unpack_from(raw)
+    magic, hsize, major, _minor, compr, reserved, size = SEAL_HEADER.unpack_from(raw)
     if magic != SEAL_MAGIC or hsize != SEAL_HEADER.size:
         return "not a SEAL object (bad magic or header size)"
     if major != 4:
         return f"SEAL serialisation version {major}, expected 4"
+    if reserved:
+        return "SEAL header's reserved field is not zero"
     if compr != COMPR_ZSTD:
         return f"compression mode {compr}, expected zstd ({COMPR_ZSTD})"
     if size != len(raw):

@@ -83,8 +83,8 @@ def consortium_create(
     task: str = typer.Option("heart", help="What the consortium trains: 'heart' (logistic regression on "
                                           "Fed-Heart-Disease) or 'causal-lm' (LoRA of SmolLM2-135M on the Python docs)."),
     he: str = typer.Option("ckks", help="Homomorphic encryption of the updates: 'ckks' (default; NVFlare's "
-                                        "parameters) or 'bfv' (packed BFV: ~14x fewer bytes on the wire, exact sums; "
-                                        "README 'Encrypted aggregation')."),
+                                        "parameters, ~7x the fp32 bytes on the wire) or 'bfv' (packed BFV: ~1.05x, "
+                                        "exact sums, parameters clipped to ±8; README 'Encrypted aggregation')."),
 ) -> None:
     """Run the HE key ceremony, write one startup kit per partner, provision the release
     enclave (HE secret sealed in it) and export the device trust anchors."""
