@@ -14,11 +14,14 @@ partner required).
 | lora-8 | ``bench-lora-8`` (460,800 values) | 8 | 3 | P2.lora |
 | heart-64 | ``bench-heart-64`` | 64 | 3 | P6.ratio_64 |
 | heart-256 | ``bench-heart-256`` | 256 | 2 | P6.ratio_256 |
+| heart-4-opt | ``heart`` | 4 hospitals | 8 | P3.fedavgm_*, P3.fedadam_* (BFV and plaintext only) |
 
 - **P2** = median round wall time (train + evaluate, ``rounds.jsonl``) encrypted /
   plaintext, leaving out round 1 (Ray actor warm-up) when there are more rounds;
 - **P3** = pooled test accuracy after the last round (heart-4), beside FLamby's
-  published pooled 0.776 and FedAvg 0.654;
+  published pooled 0.776 and FedAvg 0.654; heart-4-opt runs the same campaign with the
+  server optimizers the key holders apply (:mod:`sealfl.common.server_opt`: FedAvgM with
+  momentum 0.9, FedAdam with Flower's defaults), encrypted and in plaintext;
 - **P2.<config>_aggregator_floor** = (plaintext round + the encrypted run's extra
   aggregation time) / plaintext round, medians: the lowest round ratio the encrypted run
   could reach even if partners encrypted and decrypted for free, since the aggregator's
@@ -45,8 +48,10 @@ from pathlib import Path
 OUT = Path(__file__).parent / "results" / "round.json"
 FLAMBY = {"pooled": 0.776, "fedavg": 0.654}
 CONFIGS = {"heart-4": ("heart", 8), "lora-8": ("bench-lora-8", 3), "heart-64": ("bench-heart-64", 3),
-           "heart-256": ("bench-heart-256", 2)}
+           "heart-256": ("bench-heart-256", 2), "heart-4-opt": ("heart", 8)}
 WITH_CKKS = ("heart-4", "lora-8")
+#: heart-4-opt's server optimizers (name -> ServerOpt keyword arguments)
+OPTIMIZERS = {"fedavgm": {"name": "fedavgm", "momentum": 0.9}, "fedadam": {"name": "fedadam"}}
 
 
 def _median_round(seconds: list[float]) -> float:
@@ -66,6 +71,7 @@ def run(only: list[str]) -> dict:
     from sealfl.clients.tasks import get_task
     from sealfl.common import plain
     from sealfl.common.codecs import params_for
+    from sealfl.common.server_opt import ServerOpt
     from sealfl.platform.campaign import CampaignSpec, run_campaign
     from sealfl.platform.consortium import create_consortium
 
@@ -76,15 +82,18 @@ def run(only: list[str]) -> dict:
             task_name, rounds = CONFIGS[name]
             partners = list(get_task(task_name).partners)
             cfg: dict = {"task": task_name, "partners": len(partners), "rounds": rounds}
-            runs = [("encrypted", params_for("bfv")), ("plaintext", plain.PlainParams())]
+            runs = [("encrypted", params_for("bfv"), None), ("plaintext", plain.PlainParams(), None)]
             if name in WITH_CKKS:
-                runs.insert(1, ("ckks", params_for("ckks")))
-            for label, params in runs:
+                runs.insert(1, ("ckks", params_for("ckks"), None))
+            if name == "heart-4-opt":
+                runs = [(f"{o}_{label}", params, ServerOpt(**kw)) for o, kw in OPTIMIZERS.items()
+                        for label, params in (("encrypted", params_for("bfv")), ("plaintext", plain.PlainParams()))]
+            for label, params, opt in runs:
                 cons, _ = create_consortium(Path(d) / f"c-{name}-{label}", f"bench-{label}", partners, params=params,
                                             task=task_name)
                 t0 = time.perf_counter()
                 res = run_campaign(CampaignSpec(str(cons.dir), str(Path(d) / f"camp-{name}-{label}"), rounds=rounds,
-                                                min_partners=len(partners)))
+                                                min_partners=len(partners), server_opt=opt or ServerOpt()))
                 recs = res.rounds
                 cfg[label] = {
                     "wall_seconds": time.perf_counter() - t0,
@@ -96,6 +105,9 @@ def run(only: list[str]) -> dict:
                 }
                 print(f"[round_bench] {name} {label}: rounds {['%.2f' % x for x in cfg[label]['round_seconds']]} s, "
                       f"coordinator peak RSS {(res.coordinator_peak_rss_bytes or 0) / 2**20:.0f} MiB", flush=True)
+            if name == "heart-4-opt":
+                out["configs"][name] = cfg
+                continue
             cfg["round_ratio"] = _median_round(cfg["encrypted"]["round_seconds"]) / \
                 _median_round(cfg["plaintext"]["round_seconds"])
             for label in ("encrypted", "ckks"):
@@ -123,6 +135,10 @@ def run(only: list[str]) -> dict:
         summary["P2.lora_ckks"] = c["lora-8"].get("round_ratio_ckks")
         summary["P2.lora_aggregator_floor"] = c["lora-8"].get("aggregator_floor_encrypted")
         summary["P2.lora_aggregator_floor_ckks"] = c["lora-8"].get("aggregator_floor_ckks")
+    for o in OPTIMIZERS:
+        for label in ("encrypted", "plaintext"):
+            if f"{o}_{label}" in c.get("heart-4-opt", {}):
+                summary[f"P3.{o}_{label}"] = c["heart-4-opt"][f"{o}_{label}"]["pooled_test_accuracy"]
     for n in (64, 256):
         if f"heart-{n}" in c:
             summary[f"P6.ratio_{n}"] = c[f"heart-{n}"]["rss_ratio"]
@@ -138,6 +154,13 @@ def main() -> None:
     print(f"{'config':10} {'enc round s':>12} {'plain round s':>14} {'ratio':>6} {'enc RSS MiB':>12} "
           f"{'plain RSS MiB':>14} {'RSS ratio':>9} {'enc acc':>8} {'plain acc':>9}")
     for name, c in res["configs"].items():
+        if name == "heart-4-opt":
+            for o in OPTIMIZERS:
+                e, p = c[f"{o}_encrypted"], c[f"{o}_plaintext"]
+                print(f"{'heart ' + o:10} {_median_round(e['round_seconds']):12.2f} "
+                      f"{_median_round(p['round_seconds']):14.2f} {'':>6} {'':>12} {'':>14} {'':>9} "
+                      f"{e['pooled_test_accuracy']:8.4f} {p['pooled_test_accuracy']:9.4f}")
+            continue
         e, p = c["encrypted"], c["plaintext"]
         print(f"{name:10} {_median_round(e['round_seconds']):12.2f} {_median_round(p['round_seconds']):14.2f} "
               f"{c['round_ratio']:6.3f} {(e['coordinator_peak_rss_bytes'] or 0) / 2**20:12.0f} "

@@ -5,8 +5,9 @@ Handlers:
 - ``query`` (``{"query": "stats"}``): encrypt ``[n, Σx, Σx²]`` of the local training split;
   (``{"query": "evaluate-onnx"}``): score candidate release models on the local test
   split and reply ``{correct, n}`` counts only.
-- ``train``: decrypt the global model (key holder), train locally, reply with
-  E((n / N) · w_local) only (N: the declared total of the statistics round,
+- ``train``: decrypt the global model (key holder; with a server optimizer, apply its
+  step, :mod:`sealfl.common.server_opt`), train locally, reply with E((n / N) · [w_local,
+  optimizer state]) only (N: the declared total of the statistics round,
   :func:`sealfl.common.decrypted.update_share`) -- no plaintext weights leave the partner.
 - ``evaluate``: decrypt the global model, evaluate on the local test split, reply with
   plaintext metrics (accuracy, loss, counts).
@@ -40,8 +41,9 @@ from flwr.clientapp import ClientApp
 from sealfl.attestation import keys as _keys
 from sealfl.common import protocol as P
 from sealfl.common.framed import WIDE
-from sealfl.common.decrypted import check_weight, open_model, open_stats, round_metric, share_to_sum, update_share
+from sealfl.common.decrypted import check_params, check_weight, open_model, open_stats, round_metric, share_to_sum, update_share
 from sealfl.common.errors import CiphertextError
+from sealfl.common.server_opt import ServerOpt
 from sealfl.common.testpoints import testpoint
 
 from .errors import ClientError
@@ -82,13 +84,14 @@ def _global_int(record: ArrayRecord, key: str) -> int:
     return int(arr[0])
 
 
-#: the last few decoded global records of this process: digest -> (params, mean, std)
+#: the last few decoded global records of this process: digest -> (params, mean, std, state)
 _DECODED: "OrderedDict[bytes, tuple]" = OrderedDict()
 _DECODED_MAX = 2
 
 
-def _record_digest(record: ArrayRecord, kit: PartnerKit, task) -> bytes:
-    h = hashlib.sha256(b"sealfl-global\0" + kit.codec.context_id + task.name.encode() + b"\0")
+def _record_digest(record: ArrayRecord, kit: PartnerKit, task, opt: ServerOpt) -> bytes:
+    h = hashlib.sha256(b"sealfl-global\0" + kit.codec.context_id + task.name.encode() + b"\0"
+                       + json.dumps(opt.to_config(), sort_keys=True).encode() + b"\0")
     for key in sorted(record.keys()):
         arr = np.ascontiguousarray(record[key].numpy())
         h.update(f"{key}|{arr.dtype.str}|{arr.shape}|".encode())
@@ -96,19 +99,32 @@ def _record_digest(record: ArrayRecord, kit: PartnerKit, task) -> bytes:
     return h.digest()
 
 
-def decode_global(record: ArrayRecord, kit: PartnerKit, task=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Turn the server's ``"global"`` record into (params (P,), mean (d,), std (d,)), all float64.
+def decode_global(record: ArrayRecord, kit: PartnerKit, task=None, opt: ServerOpt | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Turn the server's ``"global"`` record into (params (P,), mean (d,), std (d,)), all float64
+    (:func:`decode_global_state` without the optimizer state)."""
+    return decode_global_state(record, kit, task, opt)[:3]
+
+
+def decode_global_state(record: ArrayRecord, kit: PartnerKit, task=None, opt: ServerOpt | None = None
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Turn the server's ``"global"`` record into (params (P,), mean (d,), std (d,), state
+    (S,)), all float64: ``state`` is what the partner uploads beside its local model
+    (``opt.wire_length(P) - P`` values, :class:`sealfl.common.server_opt.ServerOpt`; empty
+    for FedAvg, the default ``opt``).
 
     The same global record reaches every partner twice (the evaluate round of round t and
     the train round of t+1) and, in simulation, several partners share a process: the
     last :data:`_DECODED_MAX` successful decodings are kept per process, keyed by the
-    SHA-256 of the context, the task and every array of the record (a decoding depends on
-    nothing else). Failures are not kept: a bad record is refused every time.
+    SHA-256 of the context, the task, the optimizer and every array of the record (a
+    decoding depends on nothing else). Failures are not kept: a bad record is refused
+    every time.
 
     Key-holder side of FedAvg: decrypt, check against ``task.decrypt_bounds`` and round
     (:func:`sealfl.common.decrypted.open_stats` / ``open_model``); the decrypted
     statistics count must equal ``stats_n`` (the total the partners declared) and the
-    model weight must be a whole number of rows no larger than it.
+    model weight must be a whole number of rows no larger than it. With a server optimizer
+    the decrypted mean holds the optimizer's state too, and its step gives the parameters.
 
     Raises:
         CiphertextError: a ciphertext or field is missing or does not decrypt under this kit.
@@ -116,15 +132,16 @@ def decode_global(record: ArrayRecord, kit: PartnerKit, task=None) -> tuple[np.n
             reported from it).
     """
     task = task or task_of(kit)
+    opt = opt or ServerOpt()
     try:
-        key = _record_digest(record, kit, task)
+        key = _record_digest(record, kit, task, opt)
     except Exception as exc:  # an unreadable array: let the checks below name it
         key = None
         log.debug("global record not hashable (%s); decoding without the cache", exc)
     if key is not None and key in _DECODED:
         _DECODED.move_to_end(key)
         return tuple(a.copy() for a in _DECODED[key])
-    out = _decode_global(record, kit, task)
+    out = _decode_global(record, kit, task, opt)
     if key is not None:
         _DECODED[key] = tuple(a.copy() for a in out)
         while len(_DECODED) > _DECODED_MAX:
@@ -132,7 +149,7 @@ def decode_global(record: ArrayRecord, kit: PartnerKit, task=None) -> tuple[np.n
     return out
 
 
-def _decode_global(record: ArrayRecord, kit: PartnerKit, task) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _decode_global(record: ArrayRecord, kit: PartnerKit, task, opt: ServerOpt) -> tuple[np.ndarray, ...]:
     bounds = task.decrypt_bounds
     stats_n = _global_int(record, P.STATS_N)
     try:
@@ -146,6 +163,7 @@ def _decode_global(record: ArrayRecord, kit: PartnerKit, task) -> tuple[np.ndarr
                 or np.any(np.abs(params) > bounds.param_abs_max):
             raise CiphertextError(f"the initial model must be {task.n_params} finite values within "
                                   f"±{bounds.param_abs_max:g}, got shape {params.shape}")
+        state = opt.initial_state(params)
     else:
         try:
             weight = float(record[P.MODEL_WEIGHT].numpy()[0])
@@ -153,9 +171,12 @@ def _decode_global(record: ArrayRecord, kit: PartnerKit, task) -> tuple[np.ndarr
         except Exception as exc:
             raise CiphertextError(f"the global record has no readable model ciphertext/weight: {exc}") from exc
         check_weight(weight, stats_n)
-        params = open_model(share_to_sum(kit.codec.decrypt(model_blob, task.n_params), stats_n, kit.codec.WEIGHTING), weight, bounds,
+        wire = opt.wire_length(task.n_params)
+        opened = open_model(share_to_sum(kit.codec.decrypt(model_blob, wire), stats_n, kit.codec.WEIGHTING), weight, bounds,
                             max_total=stats_n)
-    return params, mean, std
+        params, state = opt.step(opened, task.n_params, bounds.param_grid_bits)
+        check_params(params, bounds)
+    return params, mean, std, state
 
 
 def sign_reply(kit: PartnerKit, msg: Message, content: RecordDict) -> RecordDict:
@@ -178,7 +199,18 @@ def _open_round(msg: Message, context: Context, consortium_dir: str | None):
     task = task_of(kit)
     cfg = msg.content[P.CONFIG]
     data = task.load_data(name, cfg)
-    return kit, task, name, cfg, data, decode_global(msg.content[P.GLOBAL], kit, task)
+    return kit, task, name, cfg, data, decode_global_state(msg.content[P.GLOBAL], kit, task, round_opt(cfg))
+
+
+def round_opt(cfg) -> ServerOpt:
+    """The campaign's server optimizer named in a round's config (FedAvg if none).
+    Raises ClientError for an unknown or out-of-range one."""
+    from sealfl.common.server_opt import ServerOptError
+
+    try:
+        return ServerOpt.from_config(cfg)
+    except ServerOptError as exc:
+        raise ClientError(f"the round's config: {exc}") from exc
 
 
 def handle_query(msg: Message, context: Context, consortium_dir: str | None = None) -> Message:
@@ -203,12 +235,13 @@ def handle_query(msg: Message, context: Context, consortium_dir: str | None = No
 
 def handle_train(msg: Message, context: Context, consortium_dir: str | None = None) -> Message:
     """``train`` handler: decrypt the global model, train, reply E((n / N) · w_local) and n."""
-    kit, task, name, cfg, data, (params, mean, std) = _open_round(msg, context, consortium_dir)
+    kit, task, name, cfg, data, (params, mean, std, state) = _open_round(msg, context, consortium_dir)
     rnd = int(cfg.get("server-round", 0))
     testpoint("train", rnd)
     new, metrics = task.train_round(params, data, mean, std, cfg, 1000 * rnd + kit.index)
     n = task.n_train(data)
-    blob = kit.codec.encrypt(update_share(new, int(n), _global_int(msg.content[P.GLOBAL], P.STATS_N), kit.codec.WEIGHTING))
+    wire = round_opt(cfg).pack(new, state)
+    blob = kit.codec.encrypt(update_share(wire, int(n), _global_int(msg.content[P.GLOBAL], P.STATS_N), kit.codec.WEIGHTING))
     loss = round_metric(metrics["train_loss"], task.decrypt_bounds)
     log.info("partner %s round %d: trained on %d rows, loss %.4f", name, rnd, n, loss)
     content = RecordDict({
@@ -220,7 +253,7 @@ def handle_train(msg: Message, context: Context, consortium_dir: str | None = No
 
 def handle_evaluate(msg: Message, context: Context, consortium_dir: str | None = None) -> Message:
     """``evaluate`` handler: decrypt the global model, reply local test metrics."""
-    kit, task, name, cfg, data, (params, mean, std) = _open_round(msg, context, consortium_dir)
+    kit, task, name, cfg, data, (params, mean, std, _state) = _open_round(msg, context, consortium_dir)
     m = task.evaluate_round(params, data, mean, std)
     n, correct = int(m["n"]), int(m["correct"])
     content = RecordDict({
@@ -242,7 +275,7 @@ def _evaluate_candidates(msg: Message, kit: PartnerKit, task, name: str) -> Mess
     data = task.load_data(name, cfg)
     params = mean = std = None
     if P.GLOBAL in msg.content:
-        params, mean, std = decode_global(msg.content[P.GLOBAL], kit, task)
+        params, mean, std = decode_global(msg.content[P.GLOBAL], kit, task, round_opt(cfg))
     cands = {c: P.from_u8(arr.numpy()) for c, arr in msg.content[P.CANDIDATES].items()}
     scores = task.score_candidates(cands, data, params, mean, std)
     metrics: dict = {}

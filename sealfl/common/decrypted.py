@@ -52,7 +52,7 @@ from .framed import PACKED
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DecryptBounds", "round_to_grid", "check_weight", "WEIGHTINGS", "update_share", "share_to_sum", "open_model", "open_stats",
+__all__ = ["DecryptBounds", "round_to_grid", "check_weight", "check_params", "WEIGHTINGS", "update_share", "share_to_sum", "open_model", "open_stats",
            "round_metric"]
 
 
@@ -167,8 +167,16 @@ def open_model(decrypted_sum, weight, bounds: DecryptBounds, max_total: int | No
             is not finite or exceeds ``param_abs_max`` (names the first bad index).
     """
     w = check_weight(weight, bounds.max_total_examples if max_total is None else max_total)
-    params = round_to_grid(round_to_grid(decrypted_sum, bounds.sum_grid_bits) / w, bounds.param_grid_bits)
-    bad = np.flatnonzero(np.abs(params) > bounds.param_abs_max)
+    return check_params(round_to_grid(round_to_grid(decrypted_sum, bounds.sum_grid_bits) / w, bounds.param_grid_bits),
+                        bounds)
+
+
+def check_params(params, bounds: DecryptBounds) -> np.ndarray:
+    """``params`` (float64 (P,)) if every value is finite and within ``±bounds.param_abs_max``
+    (applied to the opened mean and again to a server optimizer's step,
+    :mod:`sealfl.common.server_opt`). Raises DecryptedValueError naming the first bad index."""
+    params = np.asarray(params, dtype=np.float64)
+    bad = np.flatnonzero(~(np.abs(params) <= bounds.param_abs_max))
     if bad.size:
         i = int(bad[0])
         raise DecryptedValueError(f"decrypted model parameter {i} is {params[i]:.6g}, outside the task's bound "

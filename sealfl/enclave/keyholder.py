@@ -59,21 +59,30 @@ class KeyHolder:
 
         return self._codec.decrypt(blob, length, layout or PACKED)
 
-    def open_model(self, blob: bytes, total_weight, length: int, bounds, *, declared_total: int) -> np.ndarray:
+    def open_model(self, blob: bytes, total_weight, length: int, bounds, *, declared_total: int, opt=None) -> np.ndarray:
         """Weighted FedAvg's last step, checked and rounded: ``E(Σ (n_i / N) w_i)`` (N =
         ``declared_total``, the statistics round's total, also the weight's bound), Σ n_i ->
         float64 (length,) on the parameter grid (:func:`sealfl.common.decrypted.open_model`).
 
-        Raises:
-            CiphertextError: ``blob`` is not a frame of ``length`` values of this context.
-            DecryptedValueError: the weight is not a whole number in ``[1, max_total]`` or
-                a parameter is out of ``bounds``.
-        """
-        from sealfl.common.decrypted import check_weight, open_model, share_to_sum
+        With a server optimizer ``opt`` (:class:`sealfl.common.server_opt.ServerOpt`),
+        ``length`` is the model's, the ciphertext holds ``opt.wire_length(length)`` values
+        (the model and the optimizer's state) and the result is the optimizer's step, bound
+        checked again; the state never leaves the enclave.
 
+        Raises:
+            CiphertextError: ``blob`` is not a frame of the expected values of this context.
+            DecryptedValueError: the weight is not a whole number in ``[1, max_total]``, a
+                parameter is out of ``bounds`` or the optimizer's state is impossible.
+        """
+        from sealfl.common.decrypted import check_params, check_weight, open_model, share_to_sum
+        from sealfl.common.server_opt import ServerOpt
+
+        opt = opt or ServerOpt()
+        wire = opt.wire_length(length)
         check_weight(total_weight, declared_total)
-        return open_model(share_to_sum(self._codec.decrypt(blob, length), declared_total, self._codec.WEIGHTING), total_weight, bounds,
-                          declared_total)
+        opened = open_model(share_to_sum(self._codec.decrypt(blob, wire), declared_total, self._codec.WEIGHTING),
+                            total_weight, bounds, declared_total)
+        return check_params(opt.step(opened, length, bounds.param_grid_bits)[0], bounds)
 
     def open_stats(self, blob: bytes, length: int, declared_total: int, bounds) -> tuple[np.ndarray, np.ndarray]:
         """Global (mean, std) from ``E([n, Σx, Σx²])``, checked against the declared total

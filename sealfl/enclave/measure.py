@@ -53,12 +53,14 @@ ATTESTATION_MODULES: tuple[str, ...] = ("sealfl.common.errors", "sealfl.common.f
               "keys", "llm_canary", "manifest", "onnx_check", "quote", "reader", "release", "schema", "statement",
               "trust", "verify", "eventlog", "requirements", "tee_floor", "tpm_attest")
 )
-#: The release enclave = attestation code + TEE + release enclave + the CKKS key holder
-#: (``keyholder`` reads the sealed CKKS secret, so it is part of what the seal protects).
+#: The release enclave = attestation code + TEE + release enclave + the HE key holder
+#: (``keyholder`` reads the sealed HE secret, so it is part of what the seal protects) and
+#: the code it decrypts, bounds, rounds and steps with (codecs, ``decrypted``, ``server_opt``).
 RELEASE_ENCLAVE_MODULES: tuple[str, ...] = ATTESTATION_MODULES + tuple(
     f"sealfl.enclave.{m}"
     for m in ("__init__", "errors", "keyholder", "measure", "release_enclave", "sealed_blob", "sim", "tee")
-)
+) + tuple(f"sealfl.common.{m}" for m in ("bfv", "ckks", "codecs", "decrypted", "framed", "plain", "sealchunks", "sealio",
+                                         "server_opt"))
 DEVICE_RUNTIME_MODULES: tuple[str, ...] = ATTESTATION_MODULES + tuple(
     f"sealfl.enclave.{m}"
     for m in ("__init__", "acceptance", "at_rest", "device", "errors", "inputs", "llm_boot", "llm_child", "llm_runtime",

@@ -23,6 +23,7 @@ from typing import Callable
 from sealfl.clients.tasks import get_task
 from sealfl.common.errors import SealflError
 from sealfl.common.procs import identity
+from sealfl.common.server_opt import ServerOpt, ServerOptError
 from sealfl.server.app import ServerConfig
 from sealfl.server.bookkeeping import CampaignDir
 from sealfl.server.errors import CampaignDirError
@@ -53,6 +54,8 @@ class CampaignSpec:
         flower_log_level: level of Flower's console handler (its INFO is chatty).
         max_examples: cap on the row count any partner may declare (the aggregator
             refuses larger ones; see :class:`sealfl.server.validation.ReplyLimits`).
+        server_opt: the server optimizer the key holders run on each decrypted aggregate
+            (:class:`sealfl.common.server_opt.ServerOpt`; default FedAvg).
     """
 
     consortium_dir: str
@@ -70,6 +73,7 @@ class CampaignSpec:
     flower_log_level: str = "WARNING"
     extra: dict = field(default_factory=dict)
     max_examples: int = 1_000_000
+    server_opt: ServerOpt = field(default_factory=ServerOpt)
 
 
 @dataclass
@@ -99,6 +103,10 @@ def check_spec(spec: CampaignSpec, num_partners: int, min_partners: int) -> None
         raise CampaignError(f"max_examples must be a positive integer, got {spec.max_examples!r}")
     if not (math.isfinite(spec.cpus_per_partner) and spec.cpus_per_partner > 0):
         raise CampaignError(f"cpus per partner must be a positive finite number, got {spec.cpus_per_partner}")
+    try:
+        ServerOpt.from_config({**spec.server_opt.to_config(), **spec.extra})
+    except ServerOptError as exc:
+        raise CampaignError(str(exc)) from exc
 
 
 def preflight(spec: CampaignSpec) -> tuple[Consortium, int]:
@@ -129,7 +137,7 @@ def train_config(task, spec: CampaignSpec) -> dict:
     for key, value in ((steps_key, spec.local_epochs), ("lr", spec.lr), ("batch-size", spec.batch_size)):
         if value is not None:
             train[key] = value
-    return {**train, **spec.extra}
+    return {**train, **spec.server_opt.to_config(), **spec.extra}
 
 
 def run_campaign(spec: CampaignSpec, on_round: Callable[[dict], None] | None = None, *,

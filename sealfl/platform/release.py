@@ -27,6 +27,7 @@ from pathlib import Path
 
 from sealfl.clients.tasks import get_task
 from sealfl.common.errors import CiphertextError, DecryptedValueError
+from sealfl.common.server_opt import ServerOpt, ServerOptError
 from sealfl.enclave.keyholder import KeyHolder
 from sealfl.enclave.release_enclave import ReleaseEnclave
 from sealfl.server.bookkeeping import CampaignDir
@@ -120,7 +121,9 @@ def campaign_test_counts(campaign_dir: str | Path) -> dict[str, int]:
 
 def open_final_model(keys: KeyHolder, ckpt: dict, task, campaign_dir) -> tuple:
     """Decrypt the final checkpoint inside the release enclave, checked and rounded
-    (:meth:`KeyHolder.open_model`, :meth:`KeyHolder.open_stats`): returns (params, mean, std).
+    (:meth:`KeyHolder.open_model`, :meth:`KeyHolder.open_stats`), with the campaign's server
+    optimizer's last step (:mod:`sealfl.common.server_opt`, named in its server_config.json):
+    returns (params, mean, std).
 
     Raises ReleaseError (nothing is released) if a decrypted value is out of the task's
     bounds, the statistics count differs from the declared total, or a ciphertext is bad.
@@ -128,9 +131,9 @@ def open_final_model(keys: KeyHolder, ckpt: dict, task, campaign_dir) -> tuple:
     declared = ckpt["stats_declared_n"]
     try:
         params = keys.open_model(ckpt["model_ct"], ckpt["model_weight"], task.n_params, task.decrypt_bounds,
-                                 declared_total=declared)
+                                 declared_total=declared, opt=ServerOpt.from_config(campaign_train_config(campaign_dir)))
         mean, std = keys.open_stats(ckpt["stats_ct"], task.stats_length, declared, task.decrypt_bounds)
-    except (DecryptedValueError, CiphertextError) as exc:
+    except (DecryptedValueError, CiphertextError, ServerOptError) as exc:
         raise ReleaseError(f"the release enclave refuses the final aggregate of campaign {campaign_dir}: {exc}; "
                            "not releasing") from exc
     return params, mean, std

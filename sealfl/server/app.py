@@ -35,6 +35,7 @@ from sealfl.common import protocol as P
 from sealfl.common import codecs
 from sealfl.common.codecs import Codec
 from sealfl.common.framed import WIDE
+from sealfl.common.server_opt import ServerOpt
 
 from .aggregate import Validated, sum_chunks
 from .bookkeeping import CampaignDir
@@ -58,10 +59,12 @@ class ServerConfig:
         num_partners: partners expected to connect.
         min_partners: fewest valid updates per round.
         num_rounds: training rounds.
-        n_params: flat model length.
+        n_params: flat model length (partners upload ``ServerOpt.wire_length(n_params)``
+            values: the model and the server optimizer's state named in ``train``).
         stats_length: length of the scaling-statistics vector ``[n, Σx, Σx²]``.
         initial_params: the public initial model (list of floats).
-        train: extra train config sent to partners (local-epochs, lr, batch-size, ...).
+        train: extra train config sent to partners (local-epochs, lr, batch-size, the
+            server optimizer's ``server-*`` keys, ...).
         timeout_s: seconds to wait for replies per round (and for partners to connect).
         partners: the consortium's partner names (the names a reply may claim).
         partner_keys: partner name -> PEM of its P-256 public key (the kit key); replies
@@ -177,7 +180,9 @@ def run_server(grid: Grid, cfg: ServerConfig) -> None:
             P.STATS_CT: Array(P.to_u8(stats_ct)),
             P.STATS_N: Array(np.array([declared], dtype=np.int64)),
         })
-        strategy = EncryptedFedAvg(codec, cfg.n_params, roster=roster, limits=limits, min_partners=cfg.min_partners,
+        # partners upload [model, server-optimizer state] (sealfl.common.server_opt)
+        wire = ServerOpt.from_config(cfg.train).wire_length(cfg.n_params)
+        strategy = EncryptedFedAvg(codec, wire, roster=roster, limits=limits, min_partners=cfg.min_partners,
                                    round_log=rlog, wait_s=cfg.timeout_s)
         strategy.start(grid=grid, initial_arrays=initial, num_rounds=cfg.num_rounds, timeout=cfg.timeout_s,
                        train_config=ConfigRecord(_scalar(cfg.train)), evaluate_config=ConfigRecord(_scalar(cfg.train)))
