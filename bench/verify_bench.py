@@ -55,8 +55,9 @@ def _onnx_100mb() -> bytes:
 
 def boot_100mb() -> dict:
     """P4.boot_seconds_100mb: what ``device boot`` spends on a 100 MB model -- read the
-    release once, verify it (signature, attestation, manifest, SHA-256 of every byte), then
-    load the verified bytes into the sandboxed onnxruntime child (pipe, session) -- best of 3.
+    release once, verify it (signature, attestation, manifest, SHA-256 of every byte) while
+    the sandboxed onnxruntime child starts (``SandboxedRuntime.prestart``), then load the
+    verified bytes into it (pipe, session) -- best of 3.
     (Canary, TEE measurement and the state record are left out: they do not grow with the
     model.)"""
     from sealfl.common.sandbox import SandboxedRuntime
@@ -69,10 +70,11 @@ def boot_100mb() -> dict:
         best = None
         for _ in range(3):
             t0 = time.perf_counter()
+            rt = SandboxedRuntime.prestart()  # as device boot does: the child starts while we verify
             files = read_release_dir(rel)
             verify_release(files, trust)
             t1 = time.perf_counter()
-            rt = SandboxedRuntime(files["model.onnx"])
+            rt.load(files["model.onnx"])
             t2 = time.perf_counter()
             rt.close()
             del files

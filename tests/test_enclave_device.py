@@ -24,12 +24,33 @@ def _direct(model: bytes, x: np.ndarray) -> np.ndarray:
     return ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
 
 
+def _sandbox_children() -> list[int]:
+    """Pids of this process's live children that run the sandbox child script."""
+    import os
+
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] != "Z" and b"sandbox_child" in cmd:
+            out.append(int(pid))
+    return out
+
+
 def test_good_release_boots_and_predicts(trust_dir, release_dir, tmp_path):
     state = tmp_path / "device"
     x = sample_inputs(6)
     with boot(trust_dir, release_dir, state) as device:
         np.testing.assert_array_equal(device.predict(x), _direct(make_onnx_model(), x))
         assert device.model_file == MODEL_FILE and device.release.version == 3
+        assert _sandbox_children() == [device.runtime.pid]  # the prestarted child serves; no other
         # PCR 16 = runtime code then configuration, PCR 23 = release root digest, each extended once after reset
         root = device.release.root_digest
         pcrs = device.tee.read([16, 23])
@@ -68,6 +89,8 @@ def test_tampered_new_release_refused_and_last_good_served(trust_dir, release_di
         boot(trust_dir, new_dir, state)
     err = info.value
     assert (err.reason, err.file, err.check) == ("verification", MODEL_FILE, "hash")
+    # the runtime child boot prestarts while it verifies is gone with the refusal
+    assert _sandbox_children() == []
     assert MODEL_FILE in str(err) and "hash" in str(err)
     assert (state / "state.json").read_bytes() == before
     assert json.loads(before)["last_good"]["source_dir"] == str(release_dir.resolve())

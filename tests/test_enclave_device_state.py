@@ -104,11 +104,20 @@ class _InProcessRuntime:
     """Stands in for SandboxedRuntime in the fault loop: the same model bytes in an in-process
     onnxruntime session (the child process is tested in test_enclave_runtime.py)."""
 
-    def __init__(self, model_bytes: bytes, **_options) -> None:
+    def __init__(self, model_bytes: bytes | None, **_options) -> None:
+        if model_bytes is not None:
+            self.load(model_bytes)
+
+    @classmethod
+    def prestart(cls, **options) -> "_InProcessRuntime":
+        return cls(None, **options)
+
+    def load(self, model_bytes: bytes) -> "_InProcessRuntime":
         self._session = ort.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
         self.inputs = [{"name": i.name, "shape": i.shape, "type": i.type} for i in self._session.get_inputs()]
         self.input_names = [i["name"] for i in self.inputs]
         self.output_names = [o.name for o in self._session.get_outputs()]
+        return self
 
     def health_check(self) -> dict:
         return {"ok": True}

@@ -108,3 +108,41 @@ def test_unresponsive_child_times_out_and_is_killed():
     assert time.monotonic() - start < 5
     assert not _pid_alive(rt.pid)
     rt.close()
+
+
+def test_prestarted_child_gets_the_model_only_by_load_and_answers_like_onnxruntime():
+    model = make_onnx_model()
+    x = sample_inputs(5)
+    expected = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    rt = SandboxedRuntime.prestart()
+    try:
+        assert _pid_alive(rt.pid)
+        with pytest.raises(RuntimeSandboxError, match="no model loaded"):
+            rt.run({"x": x})
+        with pytest.raises(RuntimeSandboxError, match="non-empty bytes"):
+            rt.load(bytearray(model))  # only immutable, verified bytes
+        assert rt.load(model) is rt
+        np.testing.assert_array_equal(rt.run({"x": x})[0], expected[0])
+        with pytest.raises(RuntimeSandboxError, match="already holds a model"):
+            rt.load(model)
+    finally:
+        rt.close()
+    assert not _pid_alive(rt.pid) and not os.path.exists(rt.workdir)
+
+
+def test_prestarted_child_closed_unused_exits_cleanly():
+    rt = SandboxedRuntime.prestart()
+    pid, proc = rt.pid, rt._proc
+    rt.close()
+    assert not _pid_alive(pid) and proc.returncode == 0  # it left on 'shutdown', not by SIGKILL
+    assert not os.path.exists(rt.workdir) and not os.path.exists(rt.homedir)
+    with pytest.raises(RuntimeSandboxError, match="closed"):
+        rt.load(make_onnx_model())
+
+
+def test_prestarted_child_refusing_a_model_is_stopped():
+    model = make_onnx_model()
+    rt = SandboxedRuntime.prestart(start_timeout_s=30)
+    with pytest.raises(RuntimeSandboxError, match="could not load the model"):
+        rt.load(model[: len(model) // 2] + b"\xff" * 16)
+    assert not _pid_alive(rt.pid)

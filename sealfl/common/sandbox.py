@@ -60,11 +60,19 @@ def _minimal_env() -> dict[str, str]:
     }
 
 
+def _check_model_bytes(model_bytes) -> None:
+    if not isinstance(model_bytes, bytes) or not model_bytes:
+        raise RuntimeSandboxError("model_bytes must be non-empty bytes (the verified model)")
+
+
 class SandboxedRuntime:
     """An onnxruntime session living in a sandboxed child process.
 
     Args:
-        model_bytes: the verified ONNX model bytes (``bytes``, non-empty).
+        model_bytes: the verified ONNX model bytes (``bytes``, non-empty), or ``None`` to
+            start the child without a model (:meth:`prestart`): it sets up its sandbox and
+            imports onnxruntime while the caller is still verifying, and gets the model
+            by :meth:`load` -- only ever after verification.
         memory_limit_bytes: child ``RLIMIT_AS`` in bytes (default 1.2 GB; 0 = no limit).
         timeout_s: max seconds to wait for one ``run``/``health_check`` reply.
         start_timeout_s: max seconds for the child to start and load the model.
@@ -89,12 +97,14 @@ class SandboxedRuntime:
             model; its message is included), crashed or timed out.
     """
 
-    def __init__(self, model_bytes: bytes, *, memory_limit_bytes: int = TABULAR_MEMORY_LIMIT_BYTES,
+    def __init__(self, model_bytes: bytes | None, *, memory_limit_bytes: int = TABULAR_MEMORY_LIMIT_BYTES,
                  timeout_s: float = 30.0, start_timeout_s: float = 120.0, intra_op_threads: int = 1,
                  network: str = "best-effort", die_with_parent: bool = False) -> None:
         self._die_with_parent = bool(die_with_parent)
-        if not isinstance(model_bytes, bytes) or not model_bytes:
-            raise RuntimeSandboxError("model_bytes must be non-empty bytes (the verified model)")
+        self._loaded = False
+        self.network, self.inputs, self.outputs = "not known before load", [], []
+        if model_bytes is not None:
+            _check_model_bytes(model_bytes)
         if network not in ("isolate", "best-effort", "seccomp", "inherit"):
             raise RuntimeSandboxError(f"network must be isolate/best-effort/seccomp/inherit, got {network!r}")
         self.timeout_s = float(timeout_s)
@@ -115,9 +125,35 @@ class SandboxedRuntime:
             shutil.rmtree(self.homedir, ignore_errors=True)
             raise RuntimeSandboxError(f"cannot start the sandbox child: {exc}") from exc
         self.pid = self._proc.pid
+        self._memory_limit = int(memory_limit_bytes)
+        self._start_timeout_s = float(start_timeout_s)
         os.set_blocking(self._proc.stdin.fileno(), False)
+        if model_bytes is not None:
+            self.load(model_bytes)
+
+    @classmethod
+    def prestart(cls, **options) -> "SandboxedRuntime":
+        """Start the child with no model (same keyword options as the constructor): the
+        sandbox set-up and onnxruntime's import overlap whatever the caller does next
+        (device boot: verification). Give it the verified bytes with :meth:`load`, or
+        :meth:`close` it. Raises RuntimeSandboxError if the child cannot be started."""
+        return cls(None, **options)
+
+    def load(self, model_bytes: bytes) -> "SandboxedRuntime":
+        """Hand the verified model bytes to a :meth:`prestart`-ed child and wait (at most
+        ``start_timeout_s``) until its session is built; returns ``self``.
+
+        Raises:
+            RuntimeSandboxError: not bytes or empty, a model was already loaded, the runtime
+                is closed, or the child refused the model / crashed / timed out (the child
+                is then stopped).
+        """
+        _check_model_bytes(model_bytes)
+        if self._loaded or self._closed:
+            raise RuntimeSandboxError("this sandboxed runtime already holds a model or is closed")
+        self._loaded = True
         try:
-            reply, _ = self._request({"op": "init"}, [model_bytes], float(start_timeout_s))
+            reply, _ = self._request({"op": "init"}, [model_bytes], self._start_timeout_s)
         except BaseException:
             self.close()
             raise
@@ -129,7 +165,8 @@ class SandboxedRuntime:
         self.outputs: list[dict] = reply.get("outputs", [])
         log.log(logging.WARNING if self.network.startswith("unavailable") else logging.INFO,
                 "sandboxed runtime pid %d up (network isolation: %s, memory limit %d bytes, inputs %s)",
-                self.pid, self.network, memory_limit_bytes, self.input_names)
+                self.pid, self.network, self._memory_limit, self.input_names)
+        return self
 
     def _command(self, memory_limit_bytes: int, intra_op_threads: int, network: str) -> list[str]:
         """The child's command line (subclasses run another child script)."""
@@ -219,8 +256,10 @@ class SandboxedRuntime:
     def _request(self, header: dict, blobs: Sequence[bytes], timeout: float) -> tuple[dict, list[bytes]]:
         if self._closed:
             raise RuntimeSandboxError("sandboxed runtime is closed; start a new one")
-        deadline = time.monotonic() + timeout
         op = header.get("op")
+        if not self._loaded and op != "init":
+            raise RuntimeSandboxError(f"cannot {op!r}: no model loaded yet (prestart() needs load())")
+        deadline = time.monotonic() + timeout
         with self._lock:
             try:
                 self._write_all(_child.encode_message(header, blobs), deadline)
@@ -267,6 +306,8 @@ class SandboxedRuntime:
             RuntimeSandboxError: unknown input names, an inference error in the child (its
                 message is included), a crash, or no reply within ``timeout_s``.
         """
+        if not self._loaded:
+            raise RuntimeSandboxError("cannot 'run': no model loaded yet (prestart() needs load())")
         unknown = sorted(set(inputs) - set(self.input_names))
         if unknown:
             raise RuntimeSandboxError(f"unknown model inputs {unknown}; the model takes {self.input_names}")

@@ -273,11 +273,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     read_exact = _reader(stdin)
     cap = args.memory_limit or (1 << 40)
     try:
-        header, blobs = read_message(read_exact, cap)
-        if header.get("op") != "init" or len(blobs) != 1:
-            raise ValueError("first request must be 'init' with exactly one blob (the model bytes)")
+        # imported before the model arrives: a prestarted child (SandboxedRuntime.prestart)
+        # does this while the parent is still verifying the release
         import onnxruntime as ort
 
+        header, blobs = read_message(read_exact, cap)
+        if header.get("op") == "shutdown":  # a prestarted child closed before any model came
+            return 0
+        if header.get("op") != "init" or len(blobs) != 1:
+            raise ValueError("first request must be 'init' with exactly one blob (the model bytes)")
         options = ort.SessionOptions()
         options.intra_op_num_threads = args.threads
         options.inter_op_num_threads = 1

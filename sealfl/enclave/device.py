@@ -222,11 +222,42 @@ def _boot(trust_dir, release_dir, state_dir, **kw) -> BootedDevice:
     with open(state_root / ".lock", "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            return _boot_locked(trust_dir, release_dir, state_root, **kw)
+            with _Prestarted(kw.get("runtime_options"), kw.get("variant") is None) as pre:
+                return _boot_locked(trust_dir, release_dir, state_root, prestarted=pre, **kw)
         except BootError as exc:
             if release_dir is not None:
                 _record_refusal(state_root, release_dir, exc)
             raise
+
+
+class _Prestarted:
+    """A tabular runtime child started before verification (:meth:`SandboxedRuntime.prestart`):
+    its sandbox set-up and onnxruntime import (~0.3 s) overlap reading and verifying the
+    release; it gets the model only once the release is verified (:meth:`take`), and is
+    stopped on leaving the ``with`` block if nobody took it (a refused or LLM release).
+    A child that cannot be prestarted is not an error here: the runtime is then started
+    after verification as before, and reports its own failure."""
+
+    def __init__(self, runtime_options, wanted: bool = True):
+        self._rt = None
+        if wanted:
+            try:
+                self._rt = SandboxedRuntime.prestart(**dict(runtime_options or {}))
+            except RuntimeSandboxError as exc:
+                log.debug("could not prestart the runtime child (%s); starting it after verification", exc)
+
+    def take(self):
+        """The prestarted runtime (once), or None."""
+        rt, self._rt = self._rt, None
+        return rt
+
+    def __enter__(self) -> "_Prestarted":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        rt = self.take()
+        if rt is not None:
+            rt.close()
 
 
 def _record_refusal(state_root: Path, release_dir, exc: BootError) -> None:
@@ -247,7 +278,8 @@ def _same_release(release: VerifiedRelease, last: LastGood) -> bool:
 
 def _boot_locked(trust_dir, release_dir, state_root: Path, *, backend: str | None,
                  runtime_options: Mapping[str, Any] | None, config: VerifyConfig,
-                 variant: str | None = None, key_source: KeySource | None = None) -> BootedDevice:
+                 variant: str | None = None, key_source: KeySource | None = None,
+                 prestarted: _Prestarted | None = None) -> BootedDevice:
     """Boot ``release_dir`` and record it; ``release_dir=None`` boots the recorded last good
     release from its slot without recording anything."""
     try:
@@ -301,7 +333,8 @@ def _boot_locked(trust_dir, release_dir, state_root: Path, *, backend: str | Non
         model_file = llm.model_file
     else:
         model_file = select_model_file(release)
-        runtime = _start_tabular(release, model_file, runtime_options, payload)
+        runtime = _start_tabular(release, model_file, runtime_options, payload,
+                                 prestarted.take() if prestarted is not None else None)
     if record:
         try:
             _record(state_root, state, release, release_path, model_file)
@@ -321,11 +354,16 @@ def _boot_locked(trust_dir, release_dir, state_root: Path, *, backend: str | Non
     return BootedDevice(release, model_file, runtime, tee, release_path, llm, stats)
 
 
-def _start_tabular(release: VerifiedRelease, model_file: str, runtime_options, payload) -> SandboxedRuntime:
+def _start_tabular(release: VerifiedRelease, model_file: str, runtime_options, payload,
+                   prestarted: SandboxedRuntime | None = None) -> SandboxedRuntime:
     """Start the tabular runtime on ``payload[model_file]`` (decrypted if the release is
-    encrypted at rest) and accept it: health check, input spec, signed canary."""
+    encrypted at rest) -- in ``prestarted`` if given -- and accept it: health check, input
+    spec, signed canary."""
     try:
-        runtime = SandboxedRuntime(payload[model_file], **dict(runtime_options or {}))
+        if prestarted is not None:
+            runtime = prestarted.load(payload[model_file])
+        else:
+            runtime = SandboxedRuntime(payload[model_file], **dict(runtime_options or {}))
     except RuntimeSandboxError as exc:
         raise BootError(f"cannot start the runtime for {model_file}: {exc}", reason="runtime") from exc
     try:
