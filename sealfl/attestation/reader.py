@@ -28,6 +28,7 @@ import os
 import stat
 from pathlib import Path
 
+from .bigread import read_new_bytes
 from .bundle import METADATA_FILES
 from .config import DEFAULT_CONFIG, DEFAULT_MAX_FILE_BYTES, VerifyConfig
 from .device_state import DeviceState
@@ -88,11 +89,20 @@ def _read_at_most(fd: int, name: str, limit: int) -> bytes:
     One ``read`` of ``limit + 1`` bytes into one new bytes object (a single copy from the
     page cache; the kernel returns at most ~2 GiB per call, so larger files loop), instead
     of 1 MiB pieces joined afterwards -- the join was a second full copy, the main reason
-    verification ran at ~0.6 of ``openssl dgst``'s throughput (issue 9, P4)."""
+    verification ran at ~0.6 of ``openssl dgst``'s throughput (issue 9, P4). Files of
+    :data:`~.bigread.MIN_BYTES` and more go into memory backed by huge pages
+    (:func:`~.bigread.read_new_bytes`); then one more ``read`` checks for a byte past
+    ``limit`` (its join copies only a file that is too large anyway)."""
     want = limit + 1
     parts: list[bytes] = []
     got = 0
     try:
+        big = read_new_bytes(fd, limit)  # huge-page backed (bigread.py); None: small or unavailable
+        if big is not None:
+            if len(big) < limit:
+                return big
+            parts.append(big)
+            got = len(big)
         while got < want:
             chunk = os.read(fd, min(_MAX_READ, want - got))
             if not chunk:
