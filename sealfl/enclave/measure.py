@@ -47,9 +47,10 @@ RELEASE_ENCLAVE_PCR = 16
 DEVICE_RUNTIME_PCR = 16
 DEVICE_RELEASE_PCR = 23
 
-ATTESTATION_MODULES: tuple[str, ...] = ("sealfl.common.errors", "sealfl.common.fsutil") + tuple(
+ATTESTATION_MODULES: tuple[str, ...] = ("sealfl.__init__", "sealfl.common.__init__", "sealfl.common.errors",
+                                        "sealfl.common.fsutil") + tuple(
     f"sealfl.attestation.{m}"
-    for m in ("__init__", "bundle", "canary", "canonical", "config", "device_state", "dsse", "errors",
+    for m in ("__init__", "bigread", "bundle", "canary", "canonical", "config", "device_state", "dsse", "errors",
               "keys", "llm_canary", "manifest", "onnx_check", "quote", "reader", "release", "schema", "statement",
               "trust", "verify", "eventlog", "requirements", "tee_floor", "tpm_attest")
 )
