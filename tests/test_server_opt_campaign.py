@@ -134,6 +134,8 @@ def test_encrypted_campaign_with_a_server_optimizer_matches_flower(opt, consorti
     (["--server-opt", "fedyogi"], "unknown server optimizer 'fedyogi'"),
     (["--server-opt", "fedavgm", "--server-momentum", "1.5"], "server-momentum must be in [0, 1)"),
     (["--server-opt", "fedadam", "--server-lr", "-1"], "server-lr must be in (0, 100]"),
+    (["--proximal-mu", "-1"], "proximal mu must be a finite number in [0, 1000]"),
+    (["--proximal-mu", "nan"], "proximal mu must be a finite number in [0, 1000]"),
 ])
 def test_cli_refuses_bad_server_optimizer_settings_before_anything_runs(args, what, consortium, tmp_path):
     from faults import run_cli
@@ -144,3 +146,20 @@ def test_cli_refuses_bad_server_optimizer_settings_before_anything_runs(args, wh
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert what in " ".join((r.stdout + r.stderr).split())
     assert not out.exists()  # nothing was written
+
+
+def test_fedprox_term_keeps_local_models_closer_to_the_global_one():
+    """FedProx (Li et al., MLSys 2020): the proximal term ½μ‖w - w_global‖² pulls local
+    training toward the global model -- the further the larger μ -- and μ = 0 is FedAvg's
+    local training exactly."""
+    task, part = HeartTask(), load_partitions()[0]
+    mean, std = mean_std(local_sums(part.x_train))
+    start = np.random.default_rng(1).normal(0, 0.5, task.n_params)
+    cfg = {**TRAIN, "local-epochs": 3}
+    dist = []
+    for mu in (0.0, 0.1, 1.0, 10.0):
+        new, _ = task.train_round(start, part, mean, std, {**cfg, "proximal-mu": mu}, 7)
+        dist.append(float(np.linalg.norm(new - start)))
+    assert all(a > b for a, b in zip(dist, dist[1:])), dist
+    plain, _ = task.train_round(start, part, mean, std, cfg, 7)
+    np.testing.assert_array_equal(plain, task.train_round(start, part, mean, std, {**cfg, "proximal-mu": 0.0}, 7)[0])

@@ -100,7 +100,8 @@ class HeartTask:
     def train_defaults(self) -> dict:
         """Training settings sent to partners unless the campaign overrides them."""
         d = TrainConfig()
-        return {"local-epochs": d.local_epochs, "lr": d.lr, "batch-size": d.batch_size, "seed": d.seed}
+        return {"local-epochs": d.local_epochs, "lr": d.lr, "batch-size": d.batch_size, "seed": d.seed,
+                "proximal-mu": d.proximal_mu}
 
     def load_data(self, partner: str, config) -> object:
         """The partner's FLamby split (:func:`sealfl.clients.data.load_partition`)."""

@@ -56,6 +56,9 @@ class CampaignSpec:
             refuses larger ones; see :class:`sealfl.server.validation.ReplyLimits`).
         server_opt: the server optimizer the key holders run on each decrypted aggregate
             (:class:`sealfl.common.server_opt.ServerOpt`; default FedAvg).
+        proximal_mu: FedProx's proximal term weight μ for local training (Li et al., MLSys
+            2020; ``None``: the task's default, 0); only for tasks whose training settings
+            include ``proximal-mu``.
     """
 
     consortium_dir: str
@@ -74,6 +77,7 @@ class CampaignSpec:
     extra: dict = field(default_factory=dict)
     max_examples: int = 1_000_000
     server_opt: ServerOpt = field(default_factory=ServerOpt)
+    proximal_mu: float | None = None
 
 
 @dataclass
@@ -103,6 +107,10 @@ def check_spec(spec: CampaignSpec, num_partners: int, min_partners: int) -> None
         raise CampaignError(f"max_examples must be a positive integer, got {spec.max_examples!r}")
     if not (math.isfinite(spec.cpus_per_partner) and spec.cpus_per_partner > 0):
         raise CampaignError(f"cpus per partner must be a positive finite number, got {spec.cpus_per_partner}")
+    mu = spec.proximal_mu
+    if mu is not None and (isinstance(mu, bool) or not isinstance(mu, (int, float)) or not 0 <= mu <= 1e3
+                           or not math.isfinite(mu)):
+        raise CampaignError(f"proximal mu must be a finite number in [0, 1000], got {mu!r}")
     try:
         ServerOpt.from_config({**spec.server_opt.to_config(), **spec.extra})
     except ServerOptError as exc:
@@ -118,6 +126,8 @@ def preflight(spec: CampaignSpec) -> tuple[Consortium, int]:
     n = len(cons.partners)
     min_partners = spec.min_partners if spec.min_partners is not None else max(2, n - 1)
     check_spec(spec, n, min_partners)
+    if spec.proximal_mu and "proximal-mu" not in get_task(cons.task).train_defaults():
+        raise CampaignError(f"the {cons.task} task has no FedProx proximal term; leave out --proximal-mu")
     out, cdir = Path(spec.out_dir).resolve(), cons.dir.resolve()
     if out == cdir or cdir in out.parents or out in cdir.parents:
         raise CampaignError(f"the campaign directory {spec.out_dir} overlaps the consortium directory; keep them apart")
@@ -134,7 +144,8 @@ def train_config(task, spec: CampaignSpec) -> dict:
     """What partners receive each round: the task's defaults, then the spec's settings."""
     train = {**task.train_defaults(), "seed": spec.seed}
     steps_key = "local-epochs" if "local-epochs" in train else "local-steps"
-    for key, value in ((steps_key, spec.local_epochs), ("lr", spec.lr), ("batch-size", spec.batch_size)):
+    for key, value in ((steps_key, spec.local_epochs), ("lr", spec.lr), ("batch-size", spec.batch_size),
+                       ("proximal-mu", spec.proximal_mu)):
         if value is not None:
             train[key] = value
     return {**train, **spec.server_opt.to_config(), **spec.extra}

@@ -121,6 +121,8 @@ def campaign_run(
     server_lr: Optional[float] = typer.Option(None, help="Server learning rate (default: 1.0 fedavgm, 0.1 fedadam; "
                                               "Flower's defaults)."),
     server_momentum: float = typer.Option(0.9, help="fedavgm: server momentum in [0, 1)."),
+    proximal_mu: Optional[float] = typer.Option(None, help="FedProx: weight μ of the proximal term ½μ‖w - w_global‖² "
+                                                "in local training (heart task; default 0)."),
     overwrite: bool = typer.Option(False, help="Replace an earlier campaign in --out."),
     ray_address: Optional[str] = typer.Option(None, envvar="RAY_ADDRESS",
                                               help="Attach to this Ray cluster instead of a local Ray."),
@@ -138,7 +140,8 @@ def campaign_run(
                             momentum=server_momentum if server_opt.lower() == "fedavgm" else 0.0)
             spec = CampaignSpec(str(consortium), str(out), rounds=rounds, local_epochs=local_epochs, lr=lr,
                                 min_partners=min_partners, ray_address=ray_address, overwrite=overwrite,
-                                flower_log_level="INFO" if VERBOSE["on"] else "WARNING", server_opt=opt)
+                                flower_log_level="INFO" if VERBOSE["on"] else "WARNING", server_opt=opt,
+                                proximal_mu=proximal_mu)
             res = run_campaign_with_progress(spec, console)
         except Interrupted as exc:
             stopped(exc)
