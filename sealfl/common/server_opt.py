@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .decrypted import round_to_grid
 from .errors import DecryptedValueError, SealflError
 
 __all__ = ["OPTIMIZERS", "ServerOpt", "ServerOptError"]
@@ -60,10 +61,6 @@ KEYS = {"name": "server-opt", "lr": "server-lr", "momentum": "server-momentum",
 
 class ServerOptError(SealflError):
     """A server-optimizer setting is unknown or out of range."""
-
-
-def _grid(x, bits: int) -> np.ndarray:
-    return np.ldexp(np.rint(np.ldexp(np.asarray(x, dtype=np.float64), bits)), -bits)
 
 
 @dataclass(frozen=True)
@@ -194,7 +191,7 @@ class ServerOpt:
         if self.name == "fedavgm":
             m_new = self.momentum * m + (x - xbar)
             x_new = x - self.lr * m_new
-            return _grid(x_new, grid_bits), _grid(np.concatenate([x_new, m_new]), grid_bits)
+            return round_to_grid(x_new, grid_bits), round_to_grid(np.concatenate([x_new, m_new]), grid_bits)
         u, (b1, b2) = mean[3 * P:4 * P], mean[4 * P:]
         if np.any(u < -2.0 ** -(grid_bits - 2)):
             raise DecryptedValueError("FedAdam state: a decrypted second-moment root is negative; "
@@ -213,5 +210,5 @@ class ServerOpt:
         u_new = np.sqrt(v_new)
         x_new = x + eta * m_new / (u_new + self.tau)
         state = np.concatenate([x_new, m_new, u_new, [b1, b2]])
-        return _grid(x_new, grid_bits), _grid(state, grid_bits)
+        return round_to_grid(x_new, grid_bits), round_to_grid(state, grid_bits)
 
