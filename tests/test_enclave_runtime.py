@@ -146,3 +146,82 @@ def test_prestarted_child_refusing_a_model_is_stopped():
     with pytest.raises(RuntimeSandboxError, match="could not load the model"):
         rt.load(model[: len(model) // 2] + b"\xff" * 16)
     assert not _pid_alive(rt.pid)
+
+
+# -- hostile or careless callers ---------------------------------------------------------
+
+def test_public_request_cannot_bypass_load_or_close():
+    """``init`` and ``shutdown`` go only through load() / close(): a caller of the public
+    request() cannot hand the child unverified bytes behind load()'s back."""
+    with SandboxedRuntime.prestart() as rt:
+        for op in ("init", "shutdown"):
+            with pytest.raises(RuntimeSandboxError, match="not allowed"):
+                rt.request({"op": op}, [make_onnx_model()])
+            with pytest.raises(RuntimeSandboxError, match="not allowed"):
+                rt.send({"op": op})
+        with pytest.raises(RuntimeSandboxError, match="not allowed"):
+            rt.request(["init"])
+        rt.load(make_onnx_model())  # untouched: still loads and runs
+        assert rt.run({"x": sample_inputs(1)})[0].shape == (1, 1)
+
+
+@pytest.mark.parametrize("options, what", [
+    ({"memory_limit_bytes": -1}, "memory_limit_bytes"),
+    ({"memory_limit_bytes": 1.2e9}, "memory_limit_bytes"),
+    ({"memory_limit_bytes": True}, "memory_limit_bytes"),
+    ({"memory_limit_bytes": 1024}, "memory_limit_bytes"),
+    ({"timeout_s": 0}, "timeout_s"),
+    ({"start_timeout_s": float("nan")}, "start_timeout_s"),
+    ({"intra_op_threads": 0}, "intra_op_threads"),
+    ({"intra_op_threads": "2"}, "intra_op_threads"),
+])
+def test_bad_options_are_refused_before_a_child_or_directory_exists(options, what, tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with pytest.raises(RuntimeSandboxError, match=what):
+        SandboxedRuntime.prestart(**options)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_run_after_close_says_closed_whatever_the_inputs():
+    rt = SandboxedRuntime(make_onnx_model())
+    rt.close()
+    for inputs in ({"nope": np.zeros(1)}, {"x": sample_inputs(1)}, "not a mapping"):
+        with pytest.raises(RuntimeSandboxError, match="closed"):
+            rt.run(inputs)
+
+
+def test_directories_of_a_killed_parent_are_swept_by_the_next_one(tmp_path):
+    """A parent SIGKILLed with a runtime open cannot remove its private directories; the
+    sweep removes them (and only them: never a live process's, a symlink, a file or
+    another name)."""
+    import signal
+    import subprocess
+    import sys
+
+    from sealfl.common.sandbox_setup import sweep_stale_dirs
+
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    code = ("import sys, time\nfrom sealfl.common.sandbox import SandboxedRuntime\n"
+            "rt = SandboxedRuntime.prestart()\nprint(rt.workdir, rt.homedir, flush=True)\ntime.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        left = parent.stdout.readline().split()
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=30)
+    assert len(left) == 2 and all(os.path.isdir(d) and os.path.dirname(d) == str(tmp_path) for d in left)
+    mine = tmp_path / f"sealfl-sandbox-{os.getpid()}-abc"  # this (live) process's
+    mine.mkdir()
+    target = tmp_path / "victim"
+    target.mkdir()
+    (tmp_path / f"sealfl-sandbox-{parent.pid}-link").symlink_to(target)
+    (tmp_path / f"sealfl-sandbox-{parent.pid}-file").write_text("x")
+    other = tmp_path / f"sealfl-sandboxed-{parent.pid}-x"
+    other.mkdir()
+    removed = sweep_stale_dirs(str(tmp_path))
+    assert sorted(removed) == sorted(left) and not any(os.path.exists(d) for d in left)
+    assert mine.is_dir() and target.is_dir() and other.is_dir()
+    assert (tmp_path / f"sealfl-sandbox-{parent.pid}-link").is_symlink()
+    assert (tmp_path / f"sealfl-sandbox-{parent.pid}-file").is_file()

@@ -9,8 +9,10 @@ parsed without pickle, so a compromised child cannot attack the parent through t
 Every wait on the child is bounded by a timeout; on timeout or crash the child is killed by
 its pid and :class:`RuntimeSandboxError` is raised.
 
-``HOME`` is a second fresh private directory (removed with the first): onnxruntime
-otherwise opens a cache database under the user's real home
+``HOME`` is a second fresh private directory, removed with the first (both are named
+after the parent's pid: a later runtime removes those of a parent that died without
+closing them, :mod:`sealfl.common.sandbox_setup`). Without it onnxruntime
+opens a cache database under the user's real home
 (``~/.cache/Microsoft/DeveloperTools/.onnxruntime/onnxruntime.db``, seen with onnxruntime
 1.2x), a file outside the sandbox the child could write.
 
@@ -37,8 +39,10 @@ import numpy as np
 
 from . import sandbox_child as _child
 from .errors import RuntimeSandboxError
+from .sandbox_setup import MIN_MEMORY_LIMIT_BYTES, check_options, private_dir, sweep_stale_dirs
 
-__all__ = ["SandboxedRuntime", "DEFAULT_MEMORY_LIMIT_BYTES", "TABULAR_MEMORY_LIMIT_BYTES"]
+__all__ = ["SandboxedRuntime", "DEFAULT_MEMORY_LIMIT_BYTES", "TABULAR_MEMORY_LIMIT_BYTES", "MIN_MEMORY_LIMIT_BYTES",
+           "sweep_stale_dirs"]
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +77,8 @@ class SandboxedRuntime:
             start the child without a model (:meth:`prestart`): it sets up its sandbox and
             imports onnxruntime while the caller is still verifying, and gets the model
             by :meth:`load` -- only ever after verification.
-        memory_limit_bytes: child ``RLIMIT_AS`` in bytes (default 1.2 GB; 0 = no limit).
+        memory_limit_bytes: child ``RLIMIT_AS`` in bytes (default 1.2 GB; 0 = no limit;
+            otherwise at least :data:`MIN_MEMORY_LIMIT_BYTES`).
         timeout_s: max seconds to wait for one ``run``/``health_check`` reply.
         start_timeout_s: max seconds for the child to start and load the model.
         intra_op_threads: onnxruntime intra-op thread count in the child.
@@ -105,6 +110,7 @@ class SandboxedRuntime:
         self.network, self.inputs, self.outputs = "not known before load", [], []
         if model_bytes is not None:
             _check_model_bytes(model_bytes)
+        check_options(memory_limit_bytes, timeout_s, start_timeout_s, intra_op_threads)
         if network not in ("isolate", "best-effort", "seccomp", "inherit"):
             raise RuntimeSandboxError(f"network must be isolate/best-effort/seccomp/inherit, got {network!r}")
         self.timeout_s = float(timeout_s)
@@ -112,8 +118,8 @@ class SandboxedRuntime:
         self._closed = False
         self._max_reply = memory_limit_bytes or (1 << 40)
         self._stderr = tempfile.TemporaryFile()
-        self.workdir = tempfile.mkdtemp(prefix="sealfl-sandbox-")  # mode 0700, empty
-        self.homedir = tempfile.mkdtemp(prefix="sealfl-sandbox-home-")  # mode 0700, the child's HOME
+        self.workdir = private_dir()  # mode 0700, empty
+        self.homedir = private_dir("home-")  # mode 0700, the child's HOME
         cmd = self._command(memory_limit_bytes, intra_op_threads, network)
         try:
             self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -281,14 +287,19 @@ class SandboxedRuntime:
         """Send one protocol request and return ``(reply header, reply blobs)``.
 
         Raises:
-            RuntimeSandboxError: the child replied ``ok: false``, crashed, sent a malformed
+            RuntimeSandboxError: ``op`` is ``init``/``shutdown`` (those are :meth:`load` and
+                :meth:`close`), the child replied ``ok: false``, crashed, sent a malformed
                 reply or did not answer within ``timeout`` (default ``timeout_s``).
         """
+        if not isinstance(header, Mapping) or header.get("op") in ("init", "shutdown"):
+            op = header.get("op") if isinstance(header, Mapping) else header
+            raise RuntimeSandboxError(f"request op {op!r} is not allowed here: a model is given with load(), "
+                                      "the child is stopped with close()")
         return self._request(header, blobs, self.timeout_s if timeout is None else timeout)
 
     def send(self, header: dict) -> dict:
         """:meth:`request` without blobs; returns the reply header."""
-        return self._request(header, (), self.timeout_s)[0]
+        return self.request(header)[0]
 
     def fail(self, what: str) -> RuntimeSandboxError:
         """Kill the child and return the error describing ``what`` went wrong."""
@@ -306,8 +317,12 @@ class SandboxedRuntime:
             RuntimeSandboxError: unknown input names, an inference error in the child (its
                 message is included), a crash, or no reply within ``timeout_s``.
         """
+        if self._closed:
+            raise RuntimeSandboxError("sandboxed runtime is closed; start a new one")
         if not self._loaded:
             raise RuntimeSandboxError("cannot 'run': no model loaded yet (prestart() needs load())")
+        if not isinstance(inputs, Mapping):
+            raise RuntimeSandboxError(f"inputs must be a mapping of input name to array, got {type(inputs).__name__}")
         unknown = sorted(set(inputs) - set(self.input_names))
         if unknown:
             raise RuntimeSandboxError(f"unknown model inputs {unknown}; the model takes {self.input_names}")
