@@ -13,9 +13,9 @@ import math
 import numpy as np
 import pytest
 
-from sealfl.common.decrypted import DecryptBounds, open_model, share_to_sum, update_share
+from sealfl.common.decrypted import DecryptBounds, open_model, share_to_sum, update_share, upload_clip
 from sealfl.common.errors import DecryptedValueError
-from sealfl.common.server_opt import ServerOpt, ServerOptError
+from sealfl.common.server_opt import TAG_VALUES, ServerOpt, ServerOptError
 
 P = 40
 ROUNDS = 5
@@ -31,15 +31,15 @@ BOUNDS = DecryptBounds()
 TOL = 1e-4
 
 
-def _partner_models(seed=7):
+def _partner_models(seed=7, rounds=ROUNDS):
     """Round -> partner -> local model, float64 (P,): independent of the global model, so
     both chains see the same inputs (the optimizer's arithmetic is what is compared)."""
     rng = np.random.default_rng(seed)
     centre = rng.normal(0, 0.5, P)
-    return [[np.clip(centre * (1 + 0.2 * r) + rng.normal(0, 0.3, P), -7, 7) for _ in NS] for r in range(ROUNDS)]
+    return [[np.clip(centre * (1 + 0.2 * r) + rng.normal(0, 0.3, P), -7, 7) for _ in NS] for r in range(rounds)]
 
 
-def _flower(opt: ServerOpt, x0, models, subsets):
+def _flower(opt: ServerOpt, x0, models, subsets, rounds=ROUNDS):
     """Flower's strategy on plaintext replies: global model after each round."""
     from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
     from flwr.serverapp.strategy import FedAdam, FedAvgM
@@ -50,7 +50,7 @@ def _flower(opt: ServerOpt, x0, models, subsets):
     else:
         s = FedAdam(eta=opt.lr, beta_1=opt.beta_1, beta_2=opt.beta_2, tau=opt.tau)
     x, out = x0, []
-    for r in range(ROUNDS):
+    for r in range(rounds):
         if opt.name == "fedadam":
             s.current_arrays = {"w": x}  # what FedOpt.configure_train keeps: the arrays it sent
         replies = [Message(RecordDict({"arrays": ArrayRecord({"w": Array(models[r][i])}),
@@ -62,7 +62,7 @@ def _flower(opt: ServerOpt, x0, models, subsets):
     return out
 
 
-def _sealfl(opt: ServerOpt, x0, models, subsets, codec=None):
+def _sealfl(opt: ServerOpt, x0, models, subsets, codec=None, rounds=ROUNDS):
     """sealfl's chain: each partner packs [w_i, state], weights and (with ``codec``)
     encrypts it; the aggregate is the sum over the round's partners; the key holder opens
     and steps. Global model after each round."""
@@ -70,7 +70,8 @@ def _sealfl(opt: ServerOpt, x0, models, subsets, codec=None):
     weighting = codec.WEIGHTING if codec is not None else "count"
     x, state, out = x0, opt.initial_state(x0), []
     wire_len = opt.wire_length(P)
-    for r in range(ROUNDS):
+    clip = upload_clip(weighting)
+    for r in range(rounds):
         shares = [update_share(opt.pack(models[r][i], state), NS[i], declared, weighting) for i in subsets[r]]
         if codec is None:
             total = np.sum(shares, axis=0)
@@ -78,7 +79,7 @@ def _sealfl(opt: ServerOpt, x0, models, subsets, codec=None):
             total = codec.decrypt(codec.sum_frames([codec.encrypt(s) for s in shares], wire_len), wire_len)
         weight = sum(NS[i] for i in subsets[r])
         opened = open_model(share_to_sum(total, declared, weighting), weight, BOUNDS, max_total=declared)
-        x, state = opt.step(opened, P, BOUNDS.param_grid_bits)
+        x, state = opt.step(opened, P, BOUNDS.param_grid_bits, clip=clip, abs_max=BOUNDS.param_abs_max)
         out.append(x)
     return out
 
@@ -123,7 +124,7 @@ def test_encrypted_chain_matches_flowers_strategy(opt, secret_codec, server_iden
 
 
 def test_wire_layout_and_fedavg_is_the_mean():
-    assert [ServerOpt(n).wire_length(P) for n in ("fedavg", "fedavgm", "fedadam")] == [P, 3 * P, 4 * P + 2]
+    assert [ServerOpt(n).wire_length(P) for n in ("fedavg", "fedavgm", "fedadam")] == [P, 3 * P + 8, 4 * P + 10]
     opt = ServerOpt()
     mean = np.linspace(-1, 1, P)
     x, state = opt.step(mean, P)
@@ -131,7 +132,8 @@ def test_wire_layout_and_fedavg_is_the_mean():
     assert state.size == 0 and opt.pack(mean, state).size == P
     a = ServerOpt("fedadam", beta_1=0.8, beta_2=0.95)
     s0 = a.initial_state(np.ones(3))
-    np.testing.assert_array_equal(s0, [1, 1, 1, 0, 0, 0, 0, 0, 0, 0.8, 0.95])
+    np.testing.assert_array_equal(s0[:-TAG_VALUES], [1, 1, 1, 0, 0, 0, 0, 0, 0, 0.8, 0.95])
+    np.testing.assert_array_equal(s0[-TAG_VALUES:], _tag(a))
 
 
 @pytest.mark.parametrize("config, what", [
@@ -141,10 +143,20 @@ def test_wire_layout_and_fedavg_is_the_mean():
     ({"server-opt": "fedavgm", "server-momentum": -0.1}, "server-momentum"),
     ({"server-opt": "fedadam", "server-lr": float("nan")}, "finite"),
     ({"server-opt": "fedadam", "server-lr": 0.0}, "server-lr"),
-    ({"server-opt": "fedadam", "server-lr": True}, "finite number"),
+    ({"server-opt": "fedadam", "server-lr": True}, "must be a number"),
     ({"server-opt": "fedadam", "server-tau": 0.0}, "server-tau"),
     ({"server-opt": "fedadam", "server-beta2": 1.0}, "server-beta2"),
-    ({"server-opt": "fedadam", "server-beta1": "0.9"}, "finite number"),
+    ({"server-opt": "fedadam", "server-beta1": "0.9"}, "must be a number"),
+    ({"server-opt": "fedadam", "server-beta1": None}, "must be a number"),
+    ({"server-opt": "fedadam", "server-lr": 10 ** 400}, "finite number"),
+    ({"server-opt": "fedadam", "server-lr": 1e-320}, "server-lr must be in"),
+    ({"server-opt": "fedadam", "server-tau": 1e-300}, "server-tau must be in"),
+    ({"server-opt": "fedadam", "server-momentum": 0.9}, "server-momentum does not apply to fedadam"),
+    ({"server-opt": "fedavg", "server-lr": 0.5}, "server-lr does not apply to fedavg"),
+    ({"server-opt": "fedavgm", "server-tau": 0.1}, "server-tau does not apply to fedavgm"),
+    (["server-opt", "fedadam"], "must be a mapping"),
+    ("server-opt=fedadam", "must be a mapping"),
+    (None, "must be a mapping"),
 ])
 def test_bad_settings_are_refused(config, what):
     with pytest.raises(ServerOptError, match=what):
@@ -153,26 +165,42 @@ def test_bad_settings_are_refused(config, what):
 
 def test_config_round_trip_and_defaults():
     assert ServerOpt.from_config({}) == ServerOpt()
+    # any real number type and any capitalisation of the name (a hand-edited config)
+    o = ServerOpt.from_config({"server-opt": " FedAdam", "server-lr": np.float32(0.25), "server-tau": np.int64(1)})
+    assert (o.name, o.lr, o.tau) == ("fedadam", 0.25, 1.0) and type(o.lr) is float
     assert ServerOpt("fedadam").lr == 0.1 and ServerOpt("fedavgm").lr == 1.0  # Flower's defaults
     o = ServerOpt("fedadam", lr=0.3, beta_1=0.7, beta_2=0.95, tau=0.01)
     assert ServerOpt.from_config(o.to_config()) == o
 
 
-def _adam_mean(b1=0.81, b2=0.9801, u=0.1):
-    opt = ServerOpt("fedadam")
-    mean = np.concatenate([np.full(P, 0.2), np.zeros(P), np.zeros(P), np.full(P, u), [b1, b2]])
+def _tag(opt: ServerOpt) -> np.ndarray:
+    """The settings tag, from the definition in sealfl.common.server_opt's docstring:
+    64 bits of SHA-256 over the canonical JSON of the name and the settings used, as
+    eight bytes / 256."""
+    import hashlib
+    import json
+
+    used = {"fedavgm": ("lr", "momentum"), "fedadam": ("lr", "beta_1", "beta_2", "tau")}[opt.name]
+    canon = json.dumps({"name": opt.name, **{k: getattr(opt, k) for k in used}}, sort_keys=True)
+    return np.array(list(hashlib.sha256(b"sealfl-server-opt\0" + canon.encode()).digest()[:8])) / 256
+
+
+def _adam_mean(b1=0.81, b2=0.9801, u=0.1, opt=None):
+    opt = opt or ServerOpt("fedadam")
+    mean = np.concatenate([np.full(P, 0.2), np.zeros(P), np.zeros(P), np.full(P, u), [b1, b2], _tag(opt)])
     return opt, mean
 
 
 @pytest.mark.parametrize("b1, b2, u", [
     (1.0, 0.9801, 0.1),        # b1 = 1: the bias correction divides by zero
     (0.9999, 0.9801, 0.1),     # near 1: an enormous step
-    (0.0, 0.9801, 0.1),
     (-0.5, 0.9801, 0.1),
     (0.95, 0.9801, 0.1),       # above β1 = 0.9: no power of it
     (0.81, 0.995, 0.1),        # above β2 = 0.99
     (0.81, 0.9801, -0.5),      # a negative root of the second moment
     (float("nan"), 0.9801, 0.1),
+    (0.81, 0.9801, float("nan")),  # NaN in u itself
+    (0.81, 0.9801, float("inf")),
 ])
 def test_impossible_decrypted_state_is_refused(b1, b2, u):
     opt, mean = _adam_mean(b1, b2, u)
@@ -188,6 +216,86 @@ def test_wrong_lengths_are_refused():
         opt.pack(np.zeros(P), np.zeros(3 * P))
     # a state that decodes fine steps to finite values on the grid
     x, state = opt.step(mean, P)
-    assert x.shape == (P,) and state.shape == (3 * P + 2,)
+    assert x.shape == (P,) and state.shape == (3 * P + 2 + TAG_VALUES,)
     assert np.all(np.isfinite(state)) and np.all(np.ldexp(state, 20) == np.rint(np.ldexp(state, 20)))
-    assert math.isclose(state[-2], 0.81 * 0.9, abs_tol=2**-20) and math.isclose(state[-1], 0.9801 * 0.99, abs_tol=2**-20)
+    b1, b2 = state[3 * P:3 * P + 2]
+    assert math.isclose(b1, 0.81 * 0.9, abs_tol=2**-20) and math.isclose(b2, 0.9801 * 0.99, abs_tol=2**-20)
+    np.testing.assert_array_equal(state[-TAG_VALUES:], _tag(opt))
+
+
+@pytest.mark.parametrize("opt", [ServerOpt("fedadam", beta_1=0.5, beta_2=0.9),
+                                 ServerOpt("fedadam", beta_1=0.0, beta_2=0.0, lr=0.02)], ids=["beta0.5", "beta0"])
+def test_long_chains_whose_bias_powers_fall_below_the_grid_match_flower(opt, server_identity):
+    """β1^(t+1) falls below the 2^-20 grid after ~20 rounds at β1 = 0.5, and is 0 from the
+    start at β = 0: the decrypted power then reads 0, which is the bias correction's value
+    to within the grid -- the chain goes on and stays on Flower's."""
+    rounds = 30
+    models = _partner_models(5, rounds)
+    ref = _flower(opt, np.zeros(P), models, [list(range(len(NS)))] * rounds, rounds)
+    got = _sealfl(opt, np.zeros(P), models, [list(range(len(NS)))] * rounds, rounds=rounds)
+    for r in range(rounds):
+        np.testing.assert_allclose(got[r], ref[r], atol=TOL, err_msg=f"round {r + 1}")
+
+
+def test_a_bias_power_that_reads_zero_steps_with_no_correction():
+    opt, mean = _adam_mean(b1=0.0, b2=0.0, u=0.0)
+    x, state = opt.step(mean, P)
+    # x = 0, Δ = 0.2, m = 0.1 * 0.2, u = sqrt(0.01 * 0.04) = 0.02: x = 0.1 * 0.02 / (0.02 + 1e-3)
+    np.testing.assert_allclose(x, 0.1 * 0.02 / 0.021, atol=2**-20)
+    assert list(state[3 * P:3 * P + 2]) == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("other", [ServerOpt("fedadam", lr=0.2), ServerOpt("fedadam", tau=0.01),
+                                   ServerOpt("fedadam", beta_2=0.999)])
+def test_a_state_made_with_other_settings_is_refused(other):
+    """The settings tag: an aggregate whose state was made with other settings (settings
+    changed between rounds, or server_config.json edited before the release) is refused."""
+    _, mean = _adam_mean(opt=other)
+    with pytest.raises(DecryptedValueError, match="not made with this campaign's settings"):
+        ServerOpt("fedadam").step(mean, P)
+    m = ServerOpt("fedavgm", momentum=0.9)
+    mean = np.concatenate([np.zeros(3 * P), m.settings_tag()])
+    m.step(mean, P)
+    with pytest.raises(DecryptedValueError, match="not made with this campaign's settings"):
+        ServerOpt("fedavgm", momentum=0.8).step(mean, P)
+    # a tag off the k/256 grid (noise, not a rounding) is refused too
+    mean[-1] += 2.0 ** -6
+    with pytest.raises(DecryptedValueError):
+        m.step(mean, P)
+
+
+def test_packed_bfv_clips_the_published_model_and_state_to_the_layout_range(secret_codec):
+    """Under packed BFV every upload is clipped to ±(8 - 2^-10); a large server learning
+    rate must not publish a model beyond what the next aggregate can carry, and the state
+    carried forward must be the published model (not a silently clipped copy)."""
+    opt = ServerOpt("fedavgm", lr=20.0, momentum=0.9)
+    clip = upload_clip(secret_codec.WEIGHTING)
+    models = [[np.full(P, 0.5 + 0.1 * r) for _ in NS] for r in range(ROUNDS)]
+    x, state = np.zeros(P), opt.initial_state(np.zeros(P))
+
+    def one_round(r, x, state):
+        shares = [update_share(opt.pack(models[r][i], state), NS[i], sum(NS), secret_codec.WEIGHTING)
+                  for i in range(len(NS))]
+        n = opt.wire_length(P)
+        total = secret_codec.decrypt(secret_codec.sum_frames([secret_codec.encrypt(s) for s in shares], n), n)
+        opened = open_model(share_to_sum(total, sum(NS), secret_codec.WEIGHTING), sum(NS), BOUNDS, max_total=sum(NS))
+        return opt.step(opened, P, BOUNDS.param_grid_bits, clip=clip, abs_max=BOUNDS.param_abs_max)
+
+    if clip is None:  # CKKS does not clip: the model runs away and the step refuses it
+        with pytest.raises(DecryptedValueError, match="diverged"):
+            for r in range(ROUNDS):
+                x, state = one_round(r, x, state)
+        return
+    for r in range(ROUNDS):
+        x, state = one_round(r, x, state)
+        np.testing.assert_array_equal(state[:P], x)
+        assert np.max(np.abs(state[:-TAG_VALUES])) <= clip
+    # the model ran into the range (lr 20 times the momentum sum is far beyond 8)
+    assert np.max(np.abs(x)) == pytest.approx(clip, abs=2**-20)
+
+
+def test_a_diverging_state_is_refused_at_the_step():
+    opt = ServerOpt("fedavgm", lr=100.0, momentum=0.99)
+    mean = np.concatenate([np.full(P, -9.0), np.full(P, 0.0), np.full(P, 5.0), opt.settings_tag()])
+    with pytest.raises(DecryptedValueError, match="beyond"):
+        opt.step(mean, P, abs_max=1000.0)

@@ -129,11 +129,28 @@ def test_encrypted_campaign_with_a_server_optimizer_matches_flower(opt, consorti
     params, _, _ = open_final_model(keys, finished_checkpoint(out), task, out)
     np.testing.assert_array_equal(params, decrypted[ROUNDS])
 
+    from faults import run_cli
+
+    shown = " ".join(run_cli(["campaign", "status", out], timeout_s=120).stdout.split())
+    assert f"server optimizer: {opt.name} (server-lr={opt.lr:g}" in shown
+
+    # ... and refuses it once the settings it would step with are not the campaign's
+    # (server_config.json edited after the campaign: a model nobody trained)
+    from sealfl.platform.errors import ReleaseError
+
+    saved = json.loads(CampaignDir(out).config_path.read_text())
+    saved["train"]["server-lr"] = opt.lr * 2
+    CampaignDir(out).config_path.write_text(json.dumps(saved))
+    with pytest.raises(ReleaseError, match="not made with this campaign's settings"):
+        open_final_model(keys, finished_checkpoint(out), task, out)
+
 
 @pytest.mark.parametrize("args, what", [
     (["--server-opt", "fedyogi"], "unknown server optimizer 'fedyogi'"),
     (["--server-opt", "fedavgm", "--server-momentum", "1.5"], "server-momentum must be in [0, 1)"),
-    (["--server-opt", "fedadam", "--server-lr", "-1"], "server-lr must be in (0, 100]"),
+    (["--server-opt", "fedadam", "--server-lr", "-1"], "server-lr must be in [0.0001, 100], got -1"),
+    (["--server-opt", "fedadam", "--server-momentum", "0.5"], "server-momentum does not apply to fedadam"),
+    (["--server-lr", "0.5"], "server-lr does not apply to fedavg"),
     (["--proximal-mu", "-1"], "proximal mu must be a finite number in [0, 1000]"),
     (["--proximal-mu", "nan"], "proximal mu must be a finite number in [0, 1000]"),
 ])

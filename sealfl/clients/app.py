@@ -41,7 +41,7 @@ from flwr.clientapp import ClientApp
 from sealfl.attestation import keys as _keys
 from sealfl.common import protocol as P
 from sealfl.common.framed import WIDE
-from sealfl.common.decrypted import check_params, check_weight, open_model, open_stats, round_metric, share_to_sum, update_share
+from sealfl.common.decrypted import check_params, check_weight, open_model, open_stats, round_metric, share_to_sum, update_share, upload_clip
 from sealfl.common.errors import CiphertextError
 from sealfl.common.server_opt import ServerOpt
 from sealfl.common.testpoints import testpoint
@@ -174,7 +174,8 @@ def _decode_global(record: ArrayRecord, kit: PartnerKit, task, opt: ServerOpt) -
         wire = opt.wire_length(task.n_params)
         opened = open_model(share_to_sum(kit.codec.decrypt(model_blob, wire), stats_n, kit.codec.WEIGHTING), weight, bounds,
                             max_total=stats_n)
-        params, state = opt.step(opened, task.n_params, bounds.param_grid_bits)
+        params, state = opt.step(opened, task.n_params, bounds.param_grid_bits,
+                                 clip=upload_clip(kit.codec.WEIGHTING), abs_max=bounds.param_abs_max)
         check_params(params, bounds)
     return params, mean, std, state
 

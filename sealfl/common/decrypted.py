@@ -52,7 +52,7 @@ from .framed import PACKED
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DecryptBounds", "round_to_grid", "check_weight", "check_params", "WEIGHTINGS", "update_share", "share_to_sum", "open_model", "open_stats",
+__all__ = ["DecryptBounds", "round_to_grid", "check_weight", "check_params", "WEIGHTINGS", "update_share", "upload_clip", "share_to_sum", "open_model", "open_stats",
            "round_metric"]
 
 
@@ -139,6 +139,15 @@ def update_share(params, n: int, declared_total: int, weighting: str) -> np.ndar
                     over, w.size, PACKED.clip)
         w = np.clip(w, -PACKED.clip, PACKED.clip)
     return w * (int(n) / int(declared_total))
+
+
+def upload_clip(weighting: str) -> float | None:
+    """The range ``±clip`` every uploaded value is clipped to under ``weighting``
+    (:func:`update_share`): ``PACKED.clip`` for ``"share"`` (packed BFV), None for
+    ``"count"`` (no clipping). Raises DecryptedValueError for an unknown weighting."""
+    if weighting not in WEIGHTINGS:
+        raise DecryptedValueError(f"unknown update weighting {weighting!r}")
+    return PACKED.clip if weighting == "share" else None
 
 
 def share_to_sum(decrypted_share, declared_total: int, weighting: str) -> np.ndarray:

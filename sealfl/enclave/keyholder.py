@@ -74,7 +74,7 @@ class KeyHolder:
             DecryptedValueError: the weight is not a whole number in ``[1, max_total]``, a
                 parameter is out of ``bounds`` or the optimizer's state is impossible.
         """
-        from sealfl.common.decrypted import check_params, check_weight, open_model, share_to_sum
+        from sealfl.common.decrypted import check_params, check_weight, open_model, share_to_sum, upload_clip
         from sealfl.common.server_opt import ServerOpt
 
         opt = opt or ServerOpt()
@@ -82,7 +82,9 @@ class KeyHolder:
         check_weight(total_weight, declared_total)
         opened = open_model(share_to_sum(self._codec.decrypt(blob, wire), declared_total, self._codec.WEIGHTING),
                             total_weight, bounds, declared_total)
-        return check_params(opt.step(opened, length, bounds.param_grid_bits)[0], bounds)
+        x, _state = opt.step(opened, length, bounds.param_grid_bits, clip=upload_clip(self._codec.WEIGHTING),
+                             abs_max=bounds.param_abs_max)
+        return check_params(x, bounds)
 
     def open_stats(self, blob: bytes, length: int, declared_total: int, bounds) -> tuple[np.ndarray, np.ndarray]:
         """Global (mean, std) from ``E([n, Σx, Σx²])``, checked against the declared total

@@ -118,9 +118,10 @@ def campaign_run(
     server_opt: str = typer.Option("fedavg", help="Server optimizer the key holders run on each decrypted aggregate: "
                                    "fedavg, fedavgm (server momentum) or fedadam (Reddi et al. 2021). Its state travels "
                                    "encrypted in the aggregate: updates are 3x (fedavgm) / 4x (fedadam) larger."),
-    server_lr: Optional[float] = typer.Option(None, help="Server learning rate (default: 1.0 fedavgm, 0.1 fedadam; "
-                                              "Flower's defaults)."),
-    server_momentum: float = typer.Option(0.9, help="fedavgm: server momentum in [0, 1)."),
+    server_lr: Optional[float] = typer.Option(None, help="fedavgm/fedadam: server learning rate in [1e-4, 100] "
+                                              "(default: 1.0 fedavgm, 0.1 fedadam; Flower's defaults)."),
+    server_momentum: Optional[float] = typer.Option(None, help="fedavgm only: server momentum in [0, 1) "
+                                                    "(default 0.9)."),
     proximal_mu: Optional[float] = typer.Option(None, help="FedProx: weight μ of the proximal term ½μ‖w - w_global‖² "
                                                 "in local training (heart task; default 0)."),
     overwrite: bool = typer.Option(False, help="Replace an earlier campaign in --out."),
@@ -136,8 +137,9 @@ def campaign_run(
         from sealfl.common.server_opt import ServerOpt
 
         try:
-            opt = ServerOpt(server_opt.lower(), lr=server_lr,
-                            momentum=server_momentum if server_opt.lower() == "fedavgm" else 0.0)
+            if server_momentum is None:
+                server_momentum = 0.9 if server_opt.strip().lower() == "fedavgm" else 0.0
+            opt = ServerOpt(server_opt, lr=server_lr, momentum=server_momentum)
             spec = CampaignSpec(str(consortium), str(out), rounds=rounds, local_epochs=local_epochs, lr=lr,
                                 min_partners=min_partners, ray_address=ray_address, overwrite=overwrite,
                                 flower_log_level="INFO" if VERBOSE["on"] else "WARNING", server_opt=opt,
@@ -188,6 +190,14 @@ def campaign_status(
         console.print(f"Ray: {ray.get('mode')} at {ray.get('gcs_address')}, authentication {ray.get('auth')}"
                       f"{', loopback only' if ray.get('loopback_only') else ''}")
     console.print(f"aggregator held a secret key: {status.get('server_has_secret_key')}")
+    from sealfl.common.server_opt import ServerOpt, ServerOptError
+    from .release import campaign_train_config
+
+    try:
+        opt = ServerOpt.from_config(campaign_train_config(out))
+        console.print(f"server optimizer: {opt.describe()}")
+    except ServerOptError as exc:
+        console.print(f"server optimizer: unreadable ({exc})")
 
 
 # ---- partner ---------------------------------------------------------------------------

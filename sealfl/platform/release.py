@@ -105,7 +105,9 @@ def campaign_train_config(campaign_dir: str | Path) -> dict:
         train = cfg.get("train") if isinstance(cfg, dict) else None
     except (OSError, ValueError, RecursionError):
         return {}
-    return {k: v for k, v in (train or {}).items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
+    if not isinstance(train, dict):
+        return {}
+    return {k: v for k, v in train.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
 
 
 def campaign_test_counts(campaign_dir: str | Path) -> dict[str, int]:
