@@ -64,6 +64,24 @@ def _minimal_env() -> dict[str, str]:
     }
 
 
+#: fcntl F_SETPIPE_SZ (Linux >= 2.6.35, fcntl(2)); the stdlib names it from Python 3.10 on
+_F_SETPIPE_SZ = 1031
+#: the pipe size asked for: Linux's default unprivileged maximum (/proc/sys/fs/pipe-max-size)
+PIPE_BYTES = 1 << 20
+
+
+def _widen_pipe(fd: int) -> None:
+    """Grow the pipe to the child to :data:`PIPE_BYTES` (default 64 KiB): a 100 MB model then
+    crosses in ~100 writes instead of ~1,600, about 0.1 s less at boot (bench/verify_bench).
+    Best effort: a kernel that refuses keeps the default."""
+    import fcntl
+
+    try:
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", _F_SETPIPE_SZ), PIPE_BYTES)
+    except OSError as exc:
+        log.debug("pipe to the sandbox child stays at its default size: %s", exc)
+
+
 def _check_model_bytes(model_bytes) -> None:
     if not isinstance(model_bytes, bytes) or not model_bytes:
         raise RuntimeSandboxError("model_bytes must be non-empty bytes (the verified model)")
@@ -134,6 +152,7 @@ class SandboxedRuntime:
         self._memory_limit = int(memory_limit_bytes)
         self._start_timeout_s = float(start_timeout_s)
         os.set_blocking(self._proc.stdin.fileno(), False)
+        _widen_pipe(self._proc.stdin.fileno())
         if model_bytes is not None:
             self.load(model_bytes)
 
