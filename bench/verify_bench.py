@@ -26,6 +26,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from sealfl.attestation.reader import load_release
 from sealfl.attestation.release import read_release_dir, verify_release
 from sealfl.enclave.release_enclave import ReleaseEnclave
 
@@ -57,7 +58,8 @@ def boot_100mb() -> dict:
     """P4.boot_seconds_100mb: what ``device boot`` spends on a 100 MB model -- read the
     release once, verify it (signature, attestation, manifest, SHA-256 of every byte) while
     the sandboxed onnxruntime child starts (``SandboxedRuntime.prestart``), then load the
-    verified bytes into it (pipe, session) -- best of 3.
+    verified bytes into it (the bytes cross the pipe while they are hashed, the session is
+    built after) -- best of 3, through ``load_release`` as the device reads.
     (Canary, TEE measurement and the state record are left out: they do not grow with the
     model.)"""
     from sealfl.common.sandbox import SandboxedRuntime
@@ -70,16 +72,17 @@ def boot_100mb() -> dict:
         best = None
         for _ in range(3):
             t0 = time.perf_counter()
-            rt = SandboxedRuntime.prestart()  # as device boot does: the child starts while we verify
-            files = read_release_dir(rel)
-            verify_release(files, trust)
+            rt = SandboxedRuntime.prestart()  # as device boot does: the child starts while we verify,
+            # and gets the model bytes while their hash is checked (it parses them only at load)
+            release = load_release(rel, trust, on_payload=lambda signed, payload: rt.stage(payload["model.onnx"]))
             t1 = time.perf_counter()
-            rt.load(files["model.onnx"])
+            rt.load(release.payload["model.onnx"])
             t2 = time.perf_counter()
+            staged = rt.loaded_from_stage
             rt.close()
-            del files
+            del release
             if best is None or t2 - t0 < best["boot_s"]:
-                best = {"verify_s": t1 - t0, "load_s": t2 - t1, "boot_s": t2 - t0,
+                best = {"verify_s": t1 - t0, "load_s": t2 - t1, "boot_s": t2 - t0, "staged": staged,
                         "model_bytes": (rel / "model.onnx").stat().st_size}
     return best
 

@@ -51,6 +51,7 @@ def test_good_release_boots_and_predicts(trust_dir, release_dir, tmp_path):
         np.testing.assert_array_equal(device.predict(x), _direct(make_onnx_model(), x))
         assert device.model_file == MODEL_FILE and device.release.version == 3
         assert _sandbox_children() == [device.runtime.pid]  # the prestarted child serves; no other
+        assert device.runtime.loaded_from_stage  # the model crossed while its hash was checked
         # PCR 16 = runtime code then configuration, PCR 23 = release root digest, each extended once after reset
         root = device.release.root_digest
         pcrs = device.tee.read([16, 23])

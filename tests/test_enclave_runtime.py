@@ -241,3 +241,68 @@ def test_the_pipe_to_the_child_is_widened_where_the_kernel_allows():
         assert size == (PIPE_BYTES if allowed >= PIPE_BYTES or os.geteuid() == 0 else 65536)
         rt.load(make_onnx_model())
         assert rt.run({"x": sample_inputs(3)})[0].shape == (3, 1)
+
+
+# -- staging: the bytes cross while the parent still verifies them ----------------------
+
+_OTHER_W = np.array([[1.0], [-1.0], [0.5], [2.0]], dtype=np.float32)
+
+
+def _direct(model: bytes, x: np.ndarray) -> np.ndarray:
+    return ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
+def test_load_of_the_staged_object_sends_no_bytes_and_runs_that_model():
+    model, x = make_onnx_model(_OTHER_W), sample_inputs(5)
+    with SandboxedRuntime.prestart() as rt:
+        rt.stage(model)
+        rt.load(model)
+        assert rt.loaded_from_stage
+        np.testing.assert_array_equal(rt.run({"x": x})[0], _direct(model, x))
+
+
+@pytest.mark.parametrize("staged", [make_onnx_model(), b"\x00garbage, never parsed"], ids=["other-model", "garbage"])
+def test_load_of_another_object_runs_that_one_not_the_staged_bytes(staged):
+    """What load() gets is what runs -- a staged object that is not the one verified (a
+    different model, or bytes that would not parse) is dropped unparsed."""
+    model, x = make_onnx_model(_OTHER_W), sample_inputs(5)
+    with SandboxedRuntime.prestart() as rt:
+        rt.stage(staged)
+        rt.load(bytes(bytearray(model)))  # equal content, another object: sent again
+        assert not rt.loaded_from_stage
+        np.testing.assert_array_equal(rt.run({"x": x})[0], _direct(model, x))
+        assert not np.array_equal(_direct(model, x), _direct(make_onnx_model(), x))  # the models differ
+
+
+def test_a_staged_model_that_does_not_parse_fails_at_load_and_stops_the_child():
+    rt = SandboxedRuntime.prestart()
+    bad = b"\x08\x01not an onnx model" * 1000
+    rt.stage(bad)
+    with pytest.raises(RuntimeSandboxError, match="could not load the model"):
+        rt.load(bad)
+    assert not _pid_alive(rt.pid)
+
+
+def test_close_while_staging_a_large_model_stops_the_child_at_once():
+    rt = SandboxedRuntime.prestart()
+    pid = rt.pid
+    rt.stage(b"\x01" * (200 * 1024**2))  # far more than the pipe holds: the writer is still busy
+    t0 = time.monotonic()
+    rt.close()
+    assert time.monotonic() - t0 < 5 and not _pid_alive(pid)
+    with pytest.raises(RuntimeSandboxError, match="closed"):
+        rt.load(make_onnx_model())
+
+
+def test_stage_is_refused_out_of_order():
+    with SandboxedRuntime.prestart() as rt:
+        with pytest.raises(RuntimeSandboxError):
+            rt.stage(b"")
+        rt.stage(make_onnx_model())
+        with pytest.raises(RuntimeSandboxError, match="stage"):
+            rt.stage(make_onnx_model())  # once
+        rt.load(make_onnx_model())
+        with pytest.raises(RuntimeSandboxError, match="stage"):
+            rt.stage(make_onnx_model())  # not after load
+    with SandboxedRuntime(make_onnx_model()) as rt, pytest.raises(RuntimeSandboxError, match="stage"):
+        rt.stage(make_onnx_model())

@@ -26,6 +26,7 @@ import errno
 import logging
 import os
 import stat
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from .bigread import read_new_bytes
@@ -34,7 +35,7 @@ from .config import DEFAULT_CONFIG, DEFAULT_MAX_FILE_BYTES, VerifyConfig
 from .device_state import DeviceState
 from .errors import VerificationError
 from .trust import TrustAnchors
-from .verify import VerifiedRelease, verify_metadata, verify_payload
+from .verify import SignedRelease, VerifiedRelease, verify_metadata, verify_payload
 
 __all__ = ["load_release", "read_release_dir"]
 
@@ -139,7 +140,8 @@ def _read_payload(dfd: int, name: str, signed_size: int) -> bytes:
 
 
 def load_release(path: str | os.PathLike, trust: TrustAnchors, *, state: DeviceState | None = None,
-                 config: VerifyConfig = DEFAULT_CONFIG) -> VerifiedRelease:
+                 config: VerifyConfig = DEFAULT_CONFIG,
+                 on_payload: Callable[[SignedRelease, Mapping[str, bytes]], None] | None = None) -> VerifiedRelease:
     """Read and verify the release directory ``path`` (steps in the module docstring).
 
     Args:
@@ -147,6 +149,11 @@ def load_release(path: str | os.PathLike, trust: TrustAnchors, *, state: DeviceS
         trust: pinned keys and policy.
         state: the device's trusted state (rollback floor); None = a fresh device.
         config: size caps.
+        on_payload: called with the signed release (checks 1-8 passed) and the payload
+            files as read, *before* their SHA-256 is checked -- for work that may overlap
+            the hashing but must not trust the bytes (device boot stages the model in the
+            sandboxed child, :meth:`sealfl.common.sandbox.SandboxedRuntime.stage`). It must
+            not raise; the release is refused or accepted by the checks alone.
 
     Returns:
         the :class:`~sealfl.attestation.verify.VerifiedRelease`; its ``payload`` and
@@ -171,6 +178,8 @@ def load_release(path: str | os.PathLike, trust: TrustAnchors, *, state: DeviceS
         payload = {entry.path: _read_payload(dfd, entry.path, entry.size) for entry in signed.files}
     finally:
         os.close(dfd)
+    if on_payload is not None:
+        on_payload(signed, payload)
     log.debug("read %d signed files from release dir %s", len(payload) + len(documents), Path(root))
     return verify_payload(signed, payload)
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import shutil
 import subprocess
 import sys
@@ -39,10 +38,11 @@ import numpy as np
 
 from . import sandbox_child as _child
 from .errors import RuntimeSandboxError
+from .sandbox_pipe import PIPE_BYTES, read_exact_until, widen_pipe, write_all
 from .sandbox_setup import MIN_MEMORY_LIMIT_BYTES, check_options, private_dir, sweep_stale_dirs
 
 __all__ = ["SandboxedRuntime", "DEFAULT_MEMORY_LIMIT_BYTES", "TABULAR_MEMORY_LIMIT_BYTES", "MIN_MEMORY_LIMIT_BYTES",
-           "sweep_stale_dirs"]
+           "PIPE_BYTES", "sweep_stale_dirs"]
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,6 @@ DEFAULT_MEMORY_LIMIT_BYTES = 4 * 1024**3
 #: Default cap of the tabular runtime: 1.2 GB (python + onnxruntime need ~250 MiB virtual,
 #: the rest is for the model and activations).
 TABULAR_MEMORY_LIMIT_BYTES = 1_200_000_000
-_CHUNK = 1 << 20
 
 
 def _minimal_env() -> dict[str, str]:
@@ -62,24 +61,6 @@ def _minimal_env() -> dict[str, str]:
         "OPENBLAS_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
     }
-
-
-#: fcntl F_SETPIPE_SZ (Linux >= 2.6.35, fcntl(2)); the stdlib names it from Python 3.10 on
-_F_SETPIPE_SZ = 1031
-#: the pipe size asked for: Linux's default unprivileged maximum (/proc/sys/fs/pipe-max-size)
-PIPE_BYTES = 1 << 20
-
-
-def _widen_pipe(fd: int) -> None:
-    """Grow the pipe to the child to :data:`PIPE_BYTES` (default 64 KiB): a 100 MB model then
-    crosses in ~100 writes instead of ~1,600, about 0.1 s less at boot (bench/verify_bench).
-    Best effort: a kernel that refuses keeps the default."""
-    import fcntl
-
-    try:
-        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", _F_SETPIPE_SZ), PIPE_BYTES)
-    except OSError as exc:
-        log.debug("pipe to the sandbox child stays at its default size: %s", exc)
 
 
 def _check_model_bytes(model_bytes) -> None:
@@ -125,6 +106,10 @@ class SandboxedRuntime:
                  network: str = "best-effort", die_with_parent: bool = False) -> None:
         self._die_with_parent = bool(die_with_parent)
         self._loaded = False
+        self._staged: bytes | None = None  # what stage() sent (kept to compare by identity)
+        self._stage_thread: threading.Thread | None = None
+        self._stage_error: BaseException | None = None
+        self.loaded_from_stage = False
         self.network, self.inputs, self.outputs = "not known before load", [], []
         if model_bytes is not None:
             _check_model_bytes(model_bytes)
@@ -152,7 +137,7 @@ class SandboxedRuntime:
         self._memory_limit = int(memory_limit_bytes)
         self._start_timeout_s = float(start_timeout_s)
         os.set_blocking(self._proc.stdin.fileno(), False)
-        _widen_pipe(self._proc.stdin.fileno())
+        widen_pipe(self._proc.stdin.fileno())
         if model_bytes is not None:
             self.load(model_bytes)
 
@@ -164,9 +149,49 @@ class SandboxedRuntime:
         :meth:`close` it. Raises RuntimeSandboxError if the child cannot be started."""
         return cls(None, **options)
 
+    def stage(self, model_bytes: bytes) -> None:
+        """Send ``model_bytes`` to a :meth:`prestart`-ed child ahead of :meth:`load`, in a
+        background thread, while the caller is still verifying them (device boot: while the
+        payload's SHA-256 is checked). The child only keeps them: it parses nothing before
+        ``load``, and a refused release ends with :meth:`close`, which drops them.
+        :meth:`load` with the *same object* (bytes are immutable: the object that was staged
+        is the object that was verified) then sends no bytes at all; with any other object
+        it sends those, and the staged ones are dropped. Best effort: a staging that fails
+        shows up (if at all) as :meth:`load`'s error.
+
+        Raises:
+            RuntimeSandboxError: not non-empty bytes, or the runtime is loaded, closed or
+                already staged.
+        """
+        _check_model_bytes(model_bytes)
+        if self._loaded or self._closed or self._stage_thread is not None:
+            raise RuntimeSandboxError("stage() needs a prestarted runtime with no model, staged or loaded")
+        self._staged = model_bytes
+        message = _child.encode_message({"op": "stage"}, [model_bytes])
+        deadline = time.monotonic() + self._start_timeout_s
+
+        def send() -> None:
+            try:
+                with self._lock:
+                    self._write_all(message, deadline)
+            except BaseException as exc:  # noqa: BLE001 -- reported by load()
+                self._stage_error = exc
+
+        self._stage_thread = threading.Thread(target=send, name=f"sandbox-stage-{self.pid}", daemon=True)
+        self._stage_thread.start()
+
+    def _finish_stage(self) -> bool:
+        """Wait for the staging thread; True if the staged bytes reached the pipe whole."""
+        thread = self._stage_thread
+        if thread is None:
+            return False
+        thread.join()
+        return self._stage_error is None
+
     def load(self, model_bytes: bytes) -> "SandboxedRuntime":
         """Hand the verified model bytes to a :meth:`prestart`-ed child and wait (at most
-        ``start_timeout_s``) until its session is built; returns ``self``.
+        ``start_timeout_s``) until its session is built; returns ``self``. If exactly this
+        object was :meth:`stage`-d, the child uses the copy it already holds.
 
         Raises:
             RuntimeSandboxError: not bytes or empty, a model was already loaded, the runtime
@@ -177,11 +202,22 @@ class SandboxedRuntime:
         if self._loaded or self._closed:
             raise RuntimeSandboxError("this sandboxed runtime already holds a model or is closed")
         self._loaded = True
+        staged = self._finish_stage()
+        if self._stage_error is not None:  # a half-written message leaves the stream unusable
+            self.close()
+            raise RuntimeSandboxError(f"sandboxed runtime (pid {self.pid}) did not take the staged model: "
+                                      f"{type(self._stage_error).__name__}: {self._stage_error}")
+        staged = staged and model_bytes is self._staged
+        self._staged = None
         try:
-            reply, _ = self._request({"op": "init"}, [model_bytes], self._start_timeout_s)
+            if staged:
+                reply, _ = self._request({"op": "init", "staged": True}, [], self._start_timeout_s)
+            else:
+                reply, _ = self._request({"op": "init"}, [model_bytes], self._start_timeout_s)
         except BaseException:
             self.close()
             raise
+        self.loaded_from_stage = staged
         if reply.get("forbidden_modules"):
             self.close()
             raise RuntimeSandboxError(f"sandbox child loaded forbidden modules {reply['forbidden_modules']}")
@@ -242,41 +278,10 @@ class SandboxedRuntime:
         return RuntimeSandboxError(msg)
 
     def _write_all(self, chunks: Sequence[bytes], deadline: float) -> None:
-        fd = self._proc.stdin.fileno()
-        for chunk in chunks:
-            view = memoryview(chunk)
-            while view:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError
-                _, writable, _ = select.select([], [fd], [], remaining)
-                if not writable:
-                    continue
-                try:
-                    view = view[os.write(fd, view[:_CHUNK]):]
-                except BlockingIOError:
-                    continue
+        write_all(self._proc.stdin.fileno(), chunks, deadline)
 
     def _read_exact_until(self, deadline: float):
-        fd = self._proc.stdout.fileno()
-
-        def read_exact(n: int) -> bytes:
-            parts, got = [], 0
-            while got < n:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError
-                readable, _, _ = select.select([fd], [], [], remaining)
-                if not readable:
-                    continue
-                chunk = os.read(fd, min(n - got, _CHUNK))
-                if not chunk:
-                    raise EOFError
-                parts.append(chunk)
-                got += len(chunk)
-            return b"".join(parts)
-
-        return read_exact
+        return read_exact_until(self._proc.stdout.fileno(), deadline)
 
     def _request(self, header: dict, blobs: Sequence[bytes], timeout: float) -> tuple[dict, list[bytes]]:
         if self._closed:
@@ -366,8 +371,14 @@ class SandboxedRuntime:
         return {"ok": True, "pid": reply.get("pid"), "network": reply.get("network")}
 
     def close(self) -> None:
-        """Stop the child (polite shutdown, then SIGKILL by pid). Idempotent."""
+        """Stop the child (polite shutdown, then SIGKILL by pid; at once if it is still
+        receiving :meth:`stage`-d bytes). Idempotent."""
         proc = getattr(self, "_proc", None)
+        thread = getattr(self, "_stage_thread", None)
+        if thread is not None and thread.is_alive() and proc is not None:
+            proc.kill()  # the staging write fails at once; nothing staged is ever parsed
+            thread.join()
+        self._staged = None
         if proc is not None and proc.poll() is None:
             if not self._closed:
                 try:

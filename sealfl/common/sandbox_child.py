@@ -16,7 +16,9 @@ package nor anything but the standard library, numpy and onnxruntime. (It also w
 Protocol (both directions): a message is ``u64be(len(h)) || h || (u64be(len(b)) || b)*``
 where ``h`` is a UTF-8 JSON header ``{..., "nblobs": k}`` followed by ``k`` blobs. Arrays
 travel as ``.npy`` bytes (``np.save``/``np.load`` with ``allow_pickle=False``; never pickle).
-The first request is ``{"op": "init"}`` with one blob, the model bytes; then ``"run"``
+The first request is ``{"op": "init"}`` with one blob, the model bytes -- or, after a
+``{"op": "stage"}`` with the model bytes sent while the parent was still verifying them
+(kept, never parsed before ``init``), ``{"op": "init", "staged": true}`` with none; then ``"run"``
 (blobs = input arrays, header ``"inputs"`` = their names), ``"ping"``, ``"probe"`` (a
 self-check: the child tries a TCP connect to header ``"host"``/``"port"`` and replies
 ``"connected"`` and ``"error"``) and ``"shutdown"``.
@@ -277,16 +279,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         # does this while the parent is still verifying the release
         import onnxruntime as ort
 
-        header, blobs = read_message(read_exact, cap)
-        if header.get("op") == "shutdown":  # a prestarted child closed before any model came
-            return 0
-        if header.get("op") != "init" or len(blobs) != 1:
-            raise ValueError("first request must be 'init' with exactly one blob (the model bytes)")
+        staged = None
+        while True:
+            header, blobs = read_message(read_exact, cap)
+            if header.get("op") == "shutdown":  # a prestarted child closed before any model came
+                return 0
+            if header.get("op") == "stage" and len(blobs) == 1 and staged is None:
+                staged, blobs = blobs[0], None  # kept, not parsed: only 'init' says they were verified
+                continue
+            break
+        if header.get("op") != "init":
+            raise ValueError("the first request must be 'init' (after at most one 'stage')")
+        if header.get("staged") is True and not blobs and staged is not None:
+            model = staged
+        elif len(blobs) == 1 and header.get("staged") is None:
+            model = blobs[0]
+        else:
+            raise ValueError("'init' needs exactly one blob (the model bytes), or none and 'staged': true "
+                             "after a 'stage'")
+        del staged, blobs
         options = ort.SessionOptions()
         options.intra_op_num_threads = args.threads
         options.inter_op_num_threads = 1
-        session = ort.InferenceSession(blobs[0], options, providers=["CPUExecutionProvider"])
-        del blobs
+        session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+        del model
         release_model_bytes(session)
     except EOFError:
         return 2

@@ -167,10 +167,14 @@ def select_model_file(release: VerifiedRelease) -> str:
         BootError: (reason ``"model"``) there is no ``model_file`` metadata and not exactly
             one ``.onnx`` payload file.
     """
-    named = release.metadata.get("model_file")
-    if isinstance(named, str) and named in release.payload:
+    return _model_file(release.metadata, release.payload)
+
+
+def _model_file(metadata: Mapping, names) -> str:
+    named = metadata.get("model_file")
+    if isinstance(named, str) and named in names:
         return named
-    onnx_files = sorted(p for p in release.payload if p.endswith(".onnx"))
+    onnx_files = sorted(p for p in names if p.endswith(".onnx"))
     if len(onnx_files) != 1:
         raise BootError(f"release has {len(onnx_files)} .onnx files {onnx_files}; set metadata "
                         "'model_file' when publishing", reason="model")
@@ -246,6 +250,19 @@ class _Prestarted:
             except RuntimeSandboxError as exc:
                 log.debug("could not prestart the runtime child (%s); starting it after verification", exc)
 
+    def stage(self, signed, payload) -> None:
+        """``load_release``'s ``on_payload``: send the model file the *signed* metadata names
+        to the child while its SHA-256 is still being checked
+        (:meth:`SandboxedRuntime.stage`; nothing is parsed before it is verified). Skipped
+        for LLM releases and releases encrypted at rest (their model bytes exist only
+        later). Never raises."""
+        if self._rt is None or is_llm_release(signed.metadata) or signed.metadata.get("at_rest"):
+            return
+        try:
+            self._rt.stage(payload[_model_file(signed.metadata, payload)])
+        except (BootError, KeyError, RuntimeSandboxError) as exc:
+            log.debug("not staging the model ahead of verification: %s", exc)
+
     def take(self):
         """The prestarted runtime (once), or None."""
         rt, self._rt = self._rt, None
@@ -307,7 +324,8 @@ def _boot_locked(trust_dir, release_dir, state_root: Path, *, backend: str | Non
         raise BootError(f"cannot open the device TEE or measure the runtime: {exc}", reason="tee") from exc
     release_path = Path(release_dir).resolve()
     try:
-        release = load_release(release_path, trust, state=state, config=config)
+        release = load_release(release_path, trust, state=state, config=config,
+                               on_payload=prestarted.stage if prestarted is not None else None)
     except VerificationError as exc:
         raise BootError(f"release in {release_path} refused: {exc}", reason="verification",
                         file=exc.file, check=exc.check) from exc
