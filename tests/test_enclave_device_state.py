@@ -112,6 +112,9 @@ class _InProcessRuntime:
     def prestart(cls, **options) -> "_InProcessRuntime":
         return cls(None, **options)
 
+    def stage(self, model_bytes: bytes) -> None:
+        pass  # nothing crosses a pipe here: load() gets the bytes
+
     def load(self, model_bytes: bytes) -> "_InProcessRuntime":
         self._session = ort.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
         self.inputs = [{"name": i.name, "shape": i.shape, "type": i.type} for i in self._session.get_inputs()]

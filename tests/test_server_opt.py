@@ -126,7 +126,7 @@ def test_encrypted_chain_matches_flowers_strategy(opt, secret_codec, server_iden
 def test_wire_layout_and_fedavg_is_the_mean():
     assert [ServerOpt(n).wire_length(P) for n in ("fedavg", "fedavgm", "fedadam")] == [P, 3 * P + 8, 4 * P + 10]
     opt = ServerOpt()
-    mean = np.linspace(-1, 1, P)
+    mean = np.rint(np.linspace(-1, 1, P) * 2**20) / 2**20  # an opened mean is on the grid
     x, state = opt.step(mean, P)
     np.testing.assert_array_equal(x, mean)
     assert state.size == 0 and opt.pack(mean, state).size == P
@@ -157,6 +157,9 @@ def test_wire_layout_and_fedavg_is_the_mean():
     (["server-opt", "fedadam"], "must be a mapping"),
     ("server-opt=fedadam", "must be a mapping"),
     (None, "must be a mapping"),
+    ({"server-opt": np.array("fedadam")}, "must be a string"),
+    ({"server-opt": "fedadam", "server-beta2": 0.99999}, "server-beta2 must be in"),
+    ({"server-opt": "fedadam", "server-lr": 100.0000001}, "got 100.0000001"),
 ])
 def test_bad_settings_are_refused(config, what):
     with pytest.raises(ServerOptError, match=what):
@@ -299,3 +302,46 @@ def test_a_diverging_state_is_refused_at_the_step():
     mean = np.concatenate([np.full(P, -9.0), np.full(P, 0.0), np.full(P, 5.0), opt.settings_tag()])
     with pytest.raises(DecryptedValueError, match="beyond"):
         opt.step(mean, P, abs_max=1000.0)
+
+
+def test_a_poisoned_bias_power_near_one_is_refused_not_stepped():
+    """With β near 1, a b a little above β would make 1 - b·β zero or negative (a math
+    error, or a step in the wrong direction): the bound is β itself, to within the grid."""
+    opt = ServerOpt("fedadam", beta_1=0.9999, beta_2=0.9999)
+    x = np.full(P, 0.1)
+    for i in (-2, -1):  # b1, then b2 (before the tag)
+        state = opt.initial_state(x)
+        state[3 * P + 2 + i] = 0.9999 + 2**-10
+        with pytest.raises(DecryptedValueError, match="power of"):
+            opt.step(opt.pack(x + 0.01, state), P)
+    # honest: b = β moves the model toward x̄ (Δ > 0 -> a positive step)
+    x_new, _ = opt.step(opt.pack(x + 0.01, opt.initial_state(x)), P)
+    assert np.all(x_new > x)
+
+
+@pytest.mark.parametrize("kw, what", [
+    ({"n_params": "40"}, "n_params"), ({"n_params": 40.0}, "n_params"), ({"n_params": True}, "n_params"),
+    ({"grid_bits": None}, "grid_bits"), ({"grid_bits": 2000}, "grid_bits"), ({"grid_bits": 0}, "grid_bits"),
+    ({"clip": float("nan")}, "clip"), ({"clip": -1.0}, "clip"), ({"abs_max": float("nan")}, "abs_max"),
+    ({"mean": ["a"] * (3 * P + 8)}, "real numbers"), ({"mean": np.ones(3 * P + 8) * 1j}, "real numbers"),
+])
+def test_step_refuses_arguments_no_key_holder_passes(kw, what):
+    opt = ServerOpt("fedavgm", momentum=0.9)
+    args = {"mean": np.concatenate([np.zeros(3 * P), opt.settings_tag()]), "n_params": P, "grid_bits": 20,
+            "clip": None, "abs_max": None, **kw}
+    with pytest.raises(DecryptedValueError, match=what):
+        opt.step(args.pop("mean"), args.pop("n_params"), args.pop("grid_bits"), **args)
+
+
+def test_fedavg_step_is_bounded_like_the_others():
+    with pytest.raises(DecryptedValueError, match="beyond"):
+        ServerOpt().step(np.full(P, 2000.0), P, abs_max=1000.0)
+
+
+def test_negative_zero_is_zero_and_messages_show_exact_values():
+    a, b = ServerOpt("fedavgm", momentum=-0.0), ServerOpt("fedavgm", momentum=0.0)
+    assert a == b and np.array_equal(a.settings_tag(), b.settings_tag()) and "-0" not in a.describe()
+    assert "server-lr=0.1000001" in ServerOpt("fedadam", lr=0.1000001).describe()
+    with pytest.raises(ServerOptError) as info:
+        ServerOpt.from_config({"server-opt": "fedadam", "server-lr": 10 ** 400})
+    assert len(str(info.value)) < 300

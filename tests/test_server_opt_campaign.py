@@ -147,8 +147,8 @@ def test_encrypted_campaign_with_a_server_optimizer_matches_flower(opt, consorti
 
 @pytest.mark.parametrize("args, what", [
     (["--server-opt", "fedyogi"], "unknown server optimizer 'fedyogi'"),
-    (["--server-opt", "fedavgm", "--server-momentum", "1.5"], "server-momentum must be in [0, 1)"),
-    (["--server-opt", "fedadam", "--server-lr", "-1"], "server-lr must be in [0.0001, 100], got -1"),
+    (["--server-opt", "fedavgm", "--server-momentum", "1.5"], "server-momentum must be in [0.0, 1.0), got 1.5"),
+    (["--server-opt", "fedadam", "--server-lr", "-1"], "server-lr must be in [0.0001, 100.0], got -1.0"),
     (["--server-opt", "fedadam", "--server-momentum", "0.5"], "server-momentum does not apply to fedadam"),
     (["--server-lr", "0.5"], "server-lr does not apply to fedavg"),
     (["--proximal-mu", "-1"], "proximal mu must be a finite number in [0, 1000]"),
@@ -180,3 +180,48 @@ def test_fedprox_term_keeps_local_models_closer_to_the_global_one():
     assert all(a > b for a, b in zip(dist, dist[1:])), dist
     plain, _ = task.train_round(start, part, mean, std, cfg, 7)
     np.testing.assert_array_equal(plain, task.train_round(start, part, mean, std, {**cfg, "proximal-mu": 0.0}, 7)[0])
+
+
+def _write_train(out, train):
+    out.mkdir(parents=True, exist_ok=True)
+    CampaignDir(out).config_path.write_text(json.dumps({"train": train}))
+
+
+@pytest.mark.parametrize("train, what", [
+    ({"server-opt": "fedadam", "server-tau": True}, "must be a number"),  # not silently the default
+    ({"server-opt": None}, "must be a string"),
+    ({"server-opt": "fedadam", "server-lr": [0.1]}, "must be a number"),
+    ({"server-opt": "fedadam", "server-beta-1": 0.5}, "unknown server optimizer settings"),
+    ([1, 2], "has no 'train' object"),
+])
+def test_the_release_reads_every_optimizer_setting_as_written(train, what, tmp_path):
+    from sealfl.common.server_opt import ServerOptError
+    from sealfl.platform.release import campaign_server_opt
+
+    _write_train(tmp_path / "camp", train)
+    with pytest.raises(ServerOptError, match=what):
+        campaign_server_opt(tmp_path / "camp")
+
+
+def test_the_release_refuses_a_campaign_whose_optimizer_it_cannot_read(tmp_path):
+    from sealfl.common.server_opt import ServerOptError
+    from sealfl.platform.release import campaign_server_opt
+
+    with pytest.raises(ServerOptError, match="cannot read"):
+        campaign_server_opt(tmp_path / "nothing-here")
+    _write_train(tmp_path / "camp", {"lr": 0.05, "server-round": 3})  # names none: FedAvg
+    assert campaign_server_opt(tmp_path / "camp") == ServerOpt()
+
+
+@pytest.mark.parametrize("kw, what", [
+    ({"extra": {"server-opt": "fedadam"}}, "go in server_opt"),
+    ({"extra": {"server-beta-1": 0.5}}, "go in server_opt"),
+    ({"server_opt": "fedadam"}, "must be a ServerOpt"),
+    ({"server_opt": None}, "must be a ServerOpt"),
+])
+def test_campaign_spec_refuses_optimizer_settings_outside_server_opt(kw, what, tmp_path):
+    from sealfl.platform.campaign import CampaignSpec, check_spec
+    from sealfl.platform.errors import CampaignError
+
+    with pytest.raises(CampaignError, match=what):
+        check_spec(CampaignSpec(str(tmp_path), str(tmp_path / "out"), **kw), 4, 3)

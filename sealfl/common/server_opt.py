@@ -81,9 +81,10 @@ KEYS = {"name": "server-opt", "lr": "server-lr", "momentum": "server-momentum",
 USES = {"fedavg": (), "fedavgm": ("lr", "momentum"), "fedadam": ("lr", "beta_1", "beta_2", "tau")}
 
 #: ranges of the settings, (low, high, high included): below lr 1e-4 a step vanishes on the
-#: 2^-20 parameter grid; below τ 1e-6 one grid step of m over u = 0 moves a weight by > lr
-RANGES = {"lr": (1e-4, 100.0, True), "momentum": (0.0, 1.0, False), "beta_1": (0.0, 1.0, False),
-          "beta_2": (0.0, 1.0, False), "tau": (1e-6, 1.0, True)}
+#: 2^-20 parameter grid; below τ 1e-6 one grid step of m over u = 0 moves a weight by > lr;
+#: β <= 0.9999 keeps 1 - β (the bias correction's divisor) far above the grids' error
+RANGES = {"lr": (1e-4, 100.0, True), "momentum": (0.0, 1.0, False), "beta_1": (0.0, 0.9999, True),
+          "beta_2": (0.0, 0.9999, True), "tau": (1e-6, 1.0, True)}
 
 #: the settings tag: TAG_VALUES values of TAG_BITS bits each (64 bits of SHA-256)
 TAG_VALUES, TAG_BITS = 8, 8
@@ -106,7 +107,10 @@ class ServerOpt:
         beta_1, beta_2: FedAdam's moment decay rates in [0, 1) (0.9, 0.99).
         tau: FedAdam's adaptivity ``τ`` > 0 (1e-3).
     Raises:
-        ServerOptError: an unknown name or a setting out of range.
+        ServerOptError: an unknown name (not a string, or not one of :data:`OPTIMIZERS`;
+            case and surrounding blanks do not matter), a setting that is not a real
+            number, out of :data:`RANGES`, or not the default for an optimizer that does
+            not use it (:data:`USES`).
     """
 
     name: str = "fedavg"
@@ -117,24 +121,25 @@ class ServerOpt:
     tau: float = 1e-3
 
     def __post_init__(self):
-        name = self.name.strip().lower() if isinstance(self.name, str) else self.name
+        name = self.name.strip().lower() if isinstance(self.name, str) else None
         if name not in OPTIMIZERS:
-            raise ServerOptError(f"unknown server optimizer {self.name!r}; choose one of {', '.join(OPTIMIZERS)}")
+            raise ServerOptError(f"unknown server optimizer {_show(self.name)}; choose one of {', '.join(OPTIMIZERS)}")
         object.__setattr__(self, "name", name)
         if self.lr is None:
             object.__setattr__(self, "lr", 0.1 if name == "fedadam" else 1.0)
         for key, (lo, hi, hi_in) in RANGES.items():
             v = getattr(self, key)
             if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
-                raise ServerOptError(f"server optimizer setting {KEYS[key]} must be a number, got {v!r}")
+                raise ServerOptError(f"server optimizer setting {KEYS[key]} must be a number, got {_show(v)}")
             try:
-                v = float(v)
+                v = float(v) + 0.0  # + 0.0: -0.0 is 0.0 (one setting, one tag)
             except (OverflowError, ValueError, TypeError):
-                raise ServerOptError(f"server optimizer setting {KEYS[key]} must be a finite number, got {v!r}") from None
+                raise ServerOptError(f"server optimizer setting {KEYS[key]} must be a finite number, "
+                                     f"got {_show(v)}") from None
             if not math.isfinite(v):
-                raise ServerOptError(f"server optimizer setting {KEYS[key]} must be a finite number, got {v}")
+                raise ServerOptError(f"server optimizer setting {KEYS[key]} must be a finite number, got {v!r}")
             if not (lo <= v <= hi if hi_in else lo <= v < hi):
-                raise ServerOptError(f"{KEYS[key]} must be in [{lo:g}, {hi:g}{']' if hi_in else ')'}, got {v:g}")
+                raise ServerOptError(f"{KEYS[key]} must be in [{lo!r}, {hi!r}{']' if hi_in else ')'}, got {v!r}")
             object.__setattr__(self, key, v)
         default = ServerOpt.__dataclass_fields__
         for key in RANGES:
@@ -168,7 +173,7 @@ class ServerOpt:
 
     def describe(self) -> str:
         """The name and the settings it uses, for people: ``"fedadam (server-lr=0.1, ...)"``."""
-        used = ", ".join(f"{KEYS[a]}={getattr(self, a):g}" for a in USES[self.name])
+        used = ", ".join(f"{KEYS[a]}={getattr(self, a)!r}" for a in USES[self.name])
         return f"{self.name} ({used})" if used else self.name
 
     def settings_tag(self) -> np.ndarray:
@@ -245,8 +250,7 @@ class ServerOpt:
                 the grid, ``b1, b2`` outside ``[0, β]``); or the new state exceeds
                 ``abs_max``.
         """
-        mean = np.asarray(mean, dtype=np.float64).ravel()
-        P = int(n_params)
+        P, mean = _check_step_args(mean, n_params, grid_bits, clip, abs_max)
         if mean.size != self.wire_length(P):
             raise DecryptedValueError(f"{self.name}: the aggregate holds {mean.size} values, "
                                       f"{self.wire_length(P)} expected for a model of {P}")
@@ -255,7 +259,8 @@ class ServerOpt:
                                       "it is corrupt or poisoned -- not using it")
         xbar = mean[:P]
         if self.name == "fedavg":
-            return xbar.copy(), np.zeros(0)
+            x, _ = self._publish(xbar, [xbar], grid_bits, clip, abs_max)
+            return x, np.zeros(0)
         self._check_tag(mean[mean.size - TAG_VALUES:])
         x, m = mean[P:2 * P], mean[2 * P:3 * P]
         if self.name == "fedavgm":
@@ -268,10 +273,11 @@ class ServerOpt:
                                       "the aggregate is corrupt or poisoned -- not using it")
         for b, beta, label in ((b1, self.beta_1, "b1"), (b2, self.beta_2, "b2")):
             # b = β^(t+1) only shrinks, down to 0 once it is below the grid (then the bias
-            # correction is 1 to within the grid); the grids move it by far less than
-            # 2^-10. The bound keeps 1 - b1 >= 1 - β1 - 2^-10, so a poisoned b cannot blow
-            # up the step.
-            if not -2.0 ** -(grid_bits - 2) <= b <= beta + 2.0 ** -10:
+            # correction is 1 to within the grid); the grids move it by less than
+            # 2^-(grid_bits-2). The bound keeps 1 - b >= 1 - β - 2^-(grid_bits-2) >= 1e-4 -
+            # 2^-18 > 0 (β <= 0.9999, RANGES), so a poisoned b cannot blow up or flip the step.
+            tol = 2.0 ** -(grid_bits - 2)
+            if not -tol <= b <= beta + tol:
                 raise DecryptedValueError(f"FedAdam state {label}={float(b)!r} is not a power of β={beta} in [0, β]; "
                                           "the aggregate is corrupt or poisoned -- not using it")
         b1, b2 = max(float(b1), 0.0) * self.beta_1, max(float(b2), 0.0) * self.beta_2
@@ -307,3 +313,31 @@ class ServerOpt:
             raise DecryptedValueError(f"{self.name}: the new state holds {float(state[i]):g} at index {i}, beyond "
                                       f"±{abs_max:g}; the campaign diverged -- not using it")
         return round_to_grid(x_new, grid_bits), np.concatenate([state, self.settings_tag()])
+
+
+def _show(v, limit: int = 60) -> str:
+    """``repr(v)`` cut to ``limit`` characters (a hostile config may hold a 400-digit int)."""
+    r = repr(v)
+    return r if len(r) <= limit else r[:limit] + f"... ({len(r)} characters)"
+
+
+def _check_step_args(mean, n_params, grid_bits, clip, abs_max) -> tuple[int, np.ndarray]:
+    """(P, mean as float64 (n,)) for :meth:`ServerOpt.step`, or DecryptedValueError for
+    arguments that cannot be a key holder's (the caller's bug or a corrupt decryption)."""
+    def whole(v, lo, hi, label):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral) or not lo <= v <= hi:
+            raise DecryptedValueError(f"server optimizer step: {label} must be a whole number in [{lo}, {hi}], "
+                                      f"got {_show(v)}")
+        return int(v)
+
+    P = whole(n_params, 1, 1 << 40, "n_params")
+    whole(grid_bits, 8, 52, "grid_bits")
+    for label, v in (("clip", clip), ("abs_max", abs_max)):
+        if v is not None and (isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real)
+                              or not (math.isfinite(v) and v > 0)):
+            raise DecryptedValueError(f"server optimizer step: {label} must be None or a positive finite number, "
+                                      f"got {_show(v)}")
+    arr = np.asarray(mean)
+    if arr.dtype.kind not in "fiu":
+        raise DecryptedValueError(f"server optimizer step: the aggregate must be real numbers, got dtype {arr.dtype}")
+    return P, arr.astype(np.float64).ravel()

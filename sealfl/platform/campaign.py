@@ -23,7 +23,7 @@ from typing import Callable
 from sealfl.clients.tasks import get_task
 from sealfl.common.errors import SealflError
 from sealfl.common.procs import identity
-from sealfl.common.server_opt import ServerOpt, ServerOptError
+from sealfl.common.server_opt import ServerOpt
 from sealfl.server.app import ServerConfig
 from sealfl.server.bookkeeping import CampaignDir
 from sealfl.server.errors import CampaignDirError
@@ -111,10 +111,14 @@ def check_spec(spec: CampaignSpec, num_partners: int, min_partners: int) -> None
     if mu is not None and (isinstance(mu, bool) or not isinstance(mu, (int, float)) or not 0 <= mu <= 1e3
                            or not math.isfinite(mu)):
         raise CampaignError(f"proximal mu must be a finite number in [0, 1000], got {mu!r}")
-    try:
-        ServerOpt.from_config({**spec.server_opt.to_config(), **spec.extra})
-    except ServerOptError as exc:
-        raise CampaignError(str(exc)) from exc
+    if not isinstance(spec.server_opt, ServerOpt):
+        raise CampaignError(f"server_opt must be a ServerOpt, got {type(spec.server_opt).__name__}")
+    if not isinstance(spec.extra, dict):
+        raise CampaignError(f"extra settings must be a dict, got {type(spec.extra).__name__}")
+    stray = sorted(k for k in spec.extra if isinstance(k, str) and k.startswith("server-") and k != "server-round")
+    if stray:
+        raise CampaignError(f"server optimizer settings {stray} go in server_opt (CLI: --server-opt, --server-lr, "
+                            "--server-momentum), not in the extra settings")
 
 
 def preflight(spec: CampaignSpec) -> tuple[Consortium, int]:

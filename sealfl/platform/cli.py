@@ -128,7 +128,8 @@ def campaign_run(
     ray_address: Optional[str] = typer.Option(None, envvar="RAY_ADDRESS",
                                               help="Attach to this Ray cluster instead of a local Ray."),
 ) -> None:
-    """Run an encrypted FedAvg campaign (Flower simulation engine on Ray, in a worker
+    """Run an encrypted campaign -- FedAvg, or FedAvgM / FedAdam at the key holders with
+    --server-opt -- (Flower simulation engine on Ray, in a worker
     process tree; Ctrl-C or SIGTERM stop it at any moment: exit 130 / 143 with
     status.json saying 'interrupted' after the last finished round)."""
     with interruptible():  # a signal is acted on where it is safe, from the first import on
@@ -190,14 +191,13 @@ def campaign_status(
         console.print(f"Ray: {ray.get('mode')} at {ray.get('gcs_address')}, authentication {ray.get('auth')}"
                       f"{', loopback only' if ray.get('loopback_only') else ''}")
     console.print(f"aggregator held a secret key: {status.get('server_has_secret_key')}")
-    from sealfl.common.server_opt import ServerOpt, ServerOptError
-    from .release import campaign_train_config
+    from sealfl.common.server_opt import ServerOptError
+    from .release import campaign_server_opt
 
     try:
-        opt = ServerOpt.from_config(campaign_train_config(out))
-        console.print(f"server optimizer: {opt.describe()}")
+        console.print(f"server optimizer: {campaign_server_opt(out).describe()}")
     except ServerOptError as exc:
-        console.print(f"server optimizer: unreadable ({exc})")
+        console.print(f"server optimizer: unknown ({exc})")
 
 
 # ---- partner ---------------------------------------------------------------------------

@@ -110,6 +110,34 @@ def campaign_train_config(campaign_dir: str | Path) -> dict:
     return {k: v for k, v in train.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
 
 
+def campaign_server_opt(campaign_dir: str | Path) -> ServerOpt:
+    """The server optimizer a campaign ran, from its ``server_config.json`` (FedAvg if the
+    training settings name none). Unlike :func:`campaign_train_config` nothing is dropped:
+    every ``server-*`` value goes to :meth:`ServerOpt.from_config` as written.
+
+    Raises:
+        ServerOptError: the file is missing or unreadable, its ``train`` section is not an
+            object, a ``server-*`` key is unknown, or a setting is bad.
+    """
+    import json
+
+    from sealfl.common.server_opt import KEYS
+
+    path = CampaignDir(campaign_dir).config_path
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError) as exc:
+        raise ServerOptError(f"cannot read the campaign's server optimizer from {path}: {exc}") from exc
+    train = cfg.get("train") if isinstance(cfg, dict) else None
+    if not isinstance(train, dict):
+        raise ServerOptError(f"{path} has no 'train' object naming the campaign's server optimizer")
+    unknown = sorted(k for k in train if isinstance(k, str) and k.startswith("server-")
+                     and k not in KEYS.values() and k != "server-round")
+    if unknown:
+        raise ServerOptError(f"{path}: unknown server optimizer settings {unknown}; known: {sorted(KEYS.values())}")
+    return ServerOpt.from_config({k: v for k, v in train.items() if k in KEYS.values()})
+
+
 def campaign_test_counts(campaign_dir: str | Path) -> dict[str, int]:
     """Partner -> test rows it reported in the campaign's last evaluated round
     (``rounds.jsonl`` ``per_partner``), for the gate's consistency check; {} if none."""
@@ -133,9 +161,15 @@ def open_final_model(keys: KeyHolder, ckpt: dict, task, campaign_dir) -> tuple:
     declared = ckpt["stats_declared_n"]
     try:
         params = keys.open_model(ckpt["model_ct"], ckpt["model_weight"], task.n_params, task.decrypt_bounds,
-                                 declared_total=declared, opt=ServerOpt.from_config(campaign_train_config(campaign_dir)))
+                                 declared_total=declared, opt=campaign_server_opt(campaign_dir))
         mean, std = keys.open_stats(ckpt["stats_ct"], task.stats_length, declared, task.decrypt_bounds)
-    except (DecryptedValueError, CiphertextError, ServerOptError) as exc:
+    except ServerOptError as exc:
+        raise ReleaseError(f"campaign {campaign_dir}: {exc}; not releasing") from exc
+    except CiphertextError as exc:
+        raise ReleaseError(f"the release enclave refuses the final aggregate of campaign {campaign_dir}: {exc} "
+                           "(its length must fit the server optimizer named in server_config.json: was the "
+                           "optimizer changed after the campaign?); not releasing") from exc
+    except DecryptedValueError as exc:
         raise ReleaseError(f"the release enclave refuses the final aggregate of campaign {campaign_dir}: {exc}; "
                            "not releasing") from exc
     return params, mean, std
