@@ -212,8 +212,12 @@ def test_directories_of_a_killed_parent_are_swept_by_the_next_one(tmp_path):
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=30)
     assert len(left) == 2 and all(os.path.isdir(d) and os.path.dirname(d) == str(tmp_path) for d in left)
+    assert sweep_stale_dirs(str(tmp_path)) == []  # too young: one being created is never swept
+    for d in left:
+        os.utime(d, (time.time() - 60, time.time() - 60))
     mine = tmp_path / f"sealfl-sandbox-{os.getpid()}-abc"  # this (live) process's
     mine.mkdir()
+    os.utime(mine, (time.time() - 60, time.time() - 60))
     target = tmp_path / "victim"
     target.mkdir()
     (tmp_path / f"sealfl-sandbox-{parent.pid}-link").symlink_to(target)
@@ -306,3 +310,53 @@ def test_stage_is_refused_out_of_order():
             rt.stage(make_onnx_model())  # not after load
     with SandboxedRuntime(make_onnx_model()) as rt, pytest.raises(RuntimeSandboxError, match="stage"):
         rt.stage(make_onnx_model())
+
+
+
+def test_a_locked_directory_is_never_swept_whatever_its_pid_says(tmp_path):
+    """A live runtime in another PID namespace (a container sharing /tmp) names its
+    directories with a pid that means nothing here; its flock still says it is alive."""
+    import fcntl
+    import subprocess
+    import sys
+
+    from sealfl.common.sandbox_setup import sweep_stale_dirs
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    d = tmp_path / f"sealfl-sandbox-{dead.pid}-other_ns"
+    d.mkdir()
+    os.utime(d, (time.time() - 60, time.time() - 60))
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # as its (live) owner holds it
+        assert sweep_stale_dirs(str(tmp_path)) == [] and d.is_dir()
+    finally:
+        os.close(fd)  # the owner is gone
+    assert sweep_stale_dirs(str(tmp_path)) == [str(d)] and not d.exists()
+
+
+def test_a_bad_request_leaves_the_stream_in_step():
+    """A request refused for its arguments writes nothing: the next request gets its own
+    reply, not the refused one's."""
+    x = sample_inputs(2)
+    with SandboxedRuntime(make_onnx_model()) as rt:
+        circular: dict = {"op": "ping"}
+        circular["self"] = circular
+        for header, blobs, kw in (({"op": "ping"}, ["abcdefgh"], {}), ({"op": "ping"}, b"abc", {}),
+                                  (circular, [], {}), ({"op": "ping", "z": b"x"}, [], {}),
+                                  ({"op": "ping"}, [], {"timeout": float("nan")}),
+                                  ({"op": "ping"}, [], {"timeout": "1"}), ({"op": "ping"}, [], {"timeout": 1e10})):
+            with pytest.raises(RuntimeSandboxError):
+                rt.request(header, blobs, **kw)
+            assert rt.alive
+        np.testing.assert_array_equal(rt.run({"x": x})[0], ort.InferenceSession(
+            make_onnx_model(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0])
+        with pytest.raises(RuntimeSandboxError, match="strings"):
+            rt.run({1: x, "x": x})
+
+
+@pytest.mark.parametrize("options", [{"timeout_s": 1e10}, {"start_timeout_s": 10 ** 400}, {"timeout_s": "5"}])
+def test_timeouts_that_would_overflow_a_deadline_are_refused(options):
+    with pytest.raises(RuntimeSandboxError, match="seconds"):
+        SandboxedRuntime.prestart(**options)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -39,7 +38,8 @@ import numpy as np
 from . import sandbox_child as _child
 from .errors import RuntimeSandboxError
 from .sandbox_pipe import PIPE_BYTES, read_exact_until, widen_pipe, write_all
-from .sandbox_setup import MIN_MEMORY_LIMIT_BYTES, check_options, private_dir, sweep_stale_dirs
+from .sandbox_setup import (MIN_MEMORY_LIMIT_BYTES, check_options, check_timeout, private_dir, remove_private_dir,
+                            sweep_stale_dirs)
 
 __all__ = ["SandboxedRuntime", "DEFAULT_MEMORY_LIMIT_BYTES", "TABULAR_MEMORY_LIMIT_BYTES", "MIN_MEMORY_LIMIT_BYTES",
            "PIPE_BYTES", "sweep_stale_dirs"]
@@ -130,8 +130,8 @@ class SandboxedRuntime:
                                           close_fds=True, start_new_session=True)
         except OSError as exc:
             self._stderr.close()
-            shutil.rmtree(self.workdir, ignore_errors=True)
-            shutil.rmtree(self.homedir, ignore_errors=True)
+            remove_private_dir(self.workdir)
+            remove_private_dir(self.homedir)
             raise RuntimeSandboxError(f"cannot start the sandbox child: {exc}") from exc
         self.pid = self._proc.pid
         self._memory_limit = int(memory_limit_bytes)
@@ -289,10 +289,19 @@ class SandboxedRuntime:
         op = header.get("op")
         if not self._loaded and op != "init":
             raise RuntimeSandboxError(f"cannot {op!r}: no model loaded yet (prestart() needs load())")
+        timeout = check_timeout(timeout)
+        # the whole message is built and checked before a byte is written: a bad argument
+        # must not leave half a message in the pipe (the child would read the next as its rest)
+        if isinstance(blobs, (bytes, bytearray, str)) or not all(isinstance(b, (bytes, bytearray)) for b in blobs):
+            raise RuntimeSandboxError("request blobs must be a sequence of bytes objects")
+        try:
+            message = _child.encode_message(header, blobs)
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise RuntimeSandboxError(f"request header {op!r} is not JSON-serialisable: {exc}") from exc
         deadline = time.monotonic() + timeout
         with self._lock:
             try:
-                self._write_all(_child.encode_message(header, blobs), deadline)
+                self._write_all(message, deadline)
                 reply, out = _child.read_message(self._read_exact_until(deadline), self._max_reply)
             except TimeoutError as exc:
                 raise self._fail(f"did not answer {op!r} within {timeout:.1f} s and was killed") from exc
@@ -347,7 +356,9 @@ class SandboxedRuntime:
             raise RuntimeSandboxError("cannot 'run': no model loaded yet (prestart() needs load())")
         if not isinstance(inputs, Mapping):
             raise RuntimeSandboxError(f"inputs must be a mapping of input name to array, got {type(inputs).__name__}")
-        unknown = sorted(set(inputs) - set(self.input_names))
+        if not all(isinstance(k, str) for k in inputs):
+            raise RuntimeSandboxError(f"input names must be strings; the model takes {self.input_names}")
+        unknown = sorted(k for k in inputs if k not in self.input_names)
         if unknown:
             raise RuntimeSandboxError(f"unknown model inputs {unknown}; the model takes {self.input_names}")
         names = list(inputs)
@@ -403,7 +414,7 @@ class SandboxedRuntime:
             stderr.close()
         for private in (getattr(self, "workdir", None), getattr(self, "homedir", None)):
             if private is not None and (proc is None or proc.poll() is not None):
-                shutil.rmtree(private, ignore_errors=True)
+                remove_private_dir(private)
 
     def __enter__(self) -> "SandboxedRuntime":
         return self

@@ -2,24 +2,28 @@
 (:mod:`sealfl.common.sandbox`).
 
 Each runtime's working directory and ``HOME`` are fresh mode-0700 directories in the temp
-directory, named ``sealfl-sandbox-[home-]<parent pid>-<suffix>`` so that the first runtime
-a later process starts can remove those of a parent that died without closing them
-(SIGKILL, OOM killer, power loss of a container's tmpfs aside).
+directory, named ``sealfl-sandbox-[home-]<parent pid>-<suffix>`` and held with an exclusive
+``flock(2)`` by the parent for as long as the runtime lives, so that the first runtime a
+later process starts can remove those of a parent that died without closing them (SIGKILL,
+the OOM killer). The lock, not the pid, decides: the kernel drops it when its holder dies,
+and it is seen across PID namespaces (containers sharing ``/tmp``), where a pid is not.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
-import math
 import os
 import re
 import shutil
 import stat
 import tempfile
+import time
 
 from .errors import RuntimeSandboxError
 
-__all__ = ["MIN_MEMORY_LIMIT_BYTES", "check_options", "private_dir", "sweep_stale_dirs"]
+__all__ = ["MAX_TIMEOUT_S", "MIN_MEMORY_LIMIT_BYTES", "check_options", "check_timeout", "private_dir",
+           "remove_private_dir", "sweep_stale_dirs"]
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +35,10 @@ MIN_MEMORY_LIMIT_BYTES = 16 * 1024**2
 _DIR_PREFIX = "sealfl-sandbox-"
 _DIR_RE = re.compile(r"^sealfl-sandbox-(?:home-)?([0-9]{1,10})-[A-Za-z0-9_]{1,64}$")
 _swept = False
+#: directories younger than this are never swept (one being created, not yet locked)
+MIN_AGE_S = 10.0
+#: path -> the descriptor holding its flock
+_held: dict[str, int] = {}
 
 
 def _pid_alive(pid: int) -> bool:
@@ -46,9 +54,10 @@ def _pid_alive(pid: int) -> bool:
 def sweep_stale_dirs(tmp: str | None = None) -> list[str]:
     """Remove the private directories (see the module doc) that runtimes of a parent
     process that is gone left behind in ``tmp`` (default: :func:`tempfile.gettempdir`):
-    only directories (not symlinks) named like ours, owned by this user, whose parent pid
-    is not a live process. Returns the paths removed. Never raises for a directory it
-    cannot read or remove (it logs and goes on)."""
+    only directories (not symlinks) named like ours, owned by this user, older than
+    :data:`MIN_AGE_S`, whose parent pid is not a live process here and whose ``flock`` no
+    process holds. Returns the paths removed. Never raises for a directory it cannot read
+    or remove (it logs and goes on)."""
     tmp = tmp or tempfile.gettempdir()
     removed = []
     try:
@@ -65,9 +74,21 @@ def sweep_stale_dirs(tmp: str | None = None) -> list[str]:
             st = os.lstat(path)
         except OSError:
             continue
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or time.time() - st.st_mtime < MIN_AGE_S:
             continue
-        shutil.rmtree(path, ignore_errors=True)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: a live runtime, perhaps in another PID namespace
+            os.close(fd)
+            continue
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+        finally:
+            os.close(fd)
         if not os.path.lexists(path):
             removed.append(path)
     if removed:
@@ -76,12 +97,29 @@ def sweep_stale_dirs(tmp: str | None = None) -> list[str]:
 
 
 def private_dir(kind: str = "") -> str:
-    """A fresh, empty, mode-0700 directory named after this process (for the sweep)."""
+    """A fresh, empty, mode-0700 directory named after this process and locked by it (see
+    the module doc) until :func:`remove_private_dir`. Raises OSError if it cannot be made."""
     global _swept
     if not _swept:
         _swept = True
         sweep_stale_dirs()
-    return tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{kind}{os.getpid()}-")
+    path = tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{kind}{os.getpid()}-")
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise
+    _held[path] = fd
+    return path
+
+
+def remove_private_dir(path: str) -> None:
+    """Remove a directory of :func:`private_dir` and drop its lock. Idempotent."""
+    shutil.rmtree(path, ignore_errors=True)
+    fd = _held.pop(path, None)
+    if fd is not None:
+        os.close(fd)
 
 
 def check_options(memory_limit_bytes, timeout_s, start_timeout_s, intra_op_threads) -> None:
@@ -89,12 +127,31 @@ def check_options(memory_limit_bytes, timeout_s, start_timeout_s, intra_op_threa
     cannot work, with a RuntimeSandboxError that names the option."""
     m = memory_limit_bytes
     if isinstance(m, bool) or not isinstance(m, int) or (m != 0 and not MIN_MEMORY_LIMIT_BYTES <= m < 1 << 50):
-        raise RuntimeSandboxError(f"memory_limit_bytes must be 0 (no limit) or a whole number of bytes of at least "
-                                  f"{MIN_MEMORY_LIMIT_BYTES} (16 MiB), got {m!r}")
-    for label, t in (("timeout_s", timeout_s), ("start_timeout_s", start_timeout_s)):
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t > 0):
-            raise RuntimeSandboxError(f"{label} must be a positive number of seconds, got {t!r}")
+        raise RuntimeSandboxError(f"memory_limit_bytes must be 0 (no limit) or a whole number of bytes in "
+                                  f"[{MIN_MEMORY_LIMIT_BYTES} (16 MiB), 2^50), got {_cut(m)}")
+    check_timeout(timeout_s, "timeout_s")
+    check_timeout(start_timeout_s, "start_timeout_s")
     n = intra_op_threads
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 1024:
         raise RuntimeSandboxError(f"intra_op_threads must be a whole number in [1, 1024], got {n!r}")
 
+
+#: the longest wait accepted (seconds; about 11.6 days): longer ones overflow time_t deadlines
+MAX_TIMEOUT_S = 1e6
+
+
+def check_timeout(t, label: str = "timeout") -> float:
+    """``t`` as float seconds if it is a real number in (0, :data:`MAX_TIMEOUT_S`], else
+    RuntimeSandboxError naming ``label``."""
+    try:
+        ok = not isinstance(t, bool) and isinstance(t, (int, float)) and 0 < float(t) <= MAX_TIMEOUT_S
+    except OverflowError:
+        ok = False
+    if not ok:
+        raise RuntimeSandboxError(f"{label} must be a number of seconds in (0, {MAX_TIMEOUT_S:g}], got {_cut(t)}")
+    return float(t)
+
+
+def _cut(v, limit: int = 60) -> str:
+    r = repr(v)
+    return r if len(r) <= limit else r[:limit] + "..."
