@@ -204,11 +204,18 @@ def test_the_release_reads_every_optimizer_setting_as_written(train, what, tmp_p
 
 
 def test_the_release_refuses_a_campaign_whose_optimizer_it_cannot_read(tmp_path):
+    """A missing server_config.json means FedAvg (for the release: the aggregate of any other
+    optimizer is then refused by its length and tag); an unreadable one is refused."""
     from sealfl.common.server_opt import ServerOptError
     from sealfl.platform.release import campaign_server_opt
 
+    with pytest.raises(ServerOptError, match="missing"):
+        campaign_server_opt(tmp_path / "nothing-here", missing_ok=False)
+    assert campaign_server_opt(tmp_path / "nothing-here") == ServerOpt()  # then the tag and length decide
+    (tmp_path / "bad").mkdir()
+    CampaignDir(tmp_path / "bad").config_path.write_text("{not json")
     with pytest.raises(ServerOptError, match="cannot read"):
-        campaign_server_opt(tmp_path / "nothing-here")
+        campaign_server_opt(tmp_path / "bad")
     _write_train(tmp_path / "camp", {"lr": 0.05, "server-round": 3})  # names none: FedAvg
     assert campaign_server_opt(tmp_path / "camp") == ServerOpt()
 

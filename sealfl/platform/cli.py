@@ -24,7 +24,7 @@ app = typer.Typer(help="sealfl: encrypted federated fine-tuning -> attested, sig
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 consortium_app = typer.Typer(help="Coordinator: create a consortium (HE key ceremony, partner kits, release enclave).",
                              no_args_is_help=True)
-campaign_app = typer.Typer(help="Coordinator: run encrypted FedAvg campaigns on Ray.", no_args_is_help=True)
+campaign_app = typer.Typer(help="Coordinator: run encrypted campaigns on Ray (FedAvg, or FedAvgM / FedAdam at the key holders).", no_args_is_help=True)
 release_app = typer.Typer(help="Coordinator: build, gate, sign and attest a release.", no_args_is_help=True)
 partner_app = typer.Typer(help="Partner: check a startup kit and the local data before joining a campaign.",
                           no_args_is_help=True)
@@ -124,7 +124,7 @@ def campaign_run(
                                                     "(default 0.9)."),
     proximal_mu: Optional[float] = typer.Option(None, help="FedProx: weight μ of the proximal term ½μ‖w - w_global‖² "
                                                 "in local training (heart task; default 0)."),
-    overwrite: bool = typer.Option(False, help="Replace an earlier campaign in --out."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier campaign in --out."),
     ray_address: Optional[str] = typer.Option(None, envvar="RAY_ADDRESS",
                                               help="Attach to this Ray cluster instead of a local Ray."),
 ) -> None:
@@ -195,7 +195,7 @@ def campaign_status(
     from .release import campaign_server_opt
 
     try:
-        console.print(f"server optimizer: {campaign_server_opt(out).describe()}")
+        console.print(f"server optimizer: {campaign_server_opt(out, missing_ok=False).describe()}")
     except ServerOptError as exc:
         console.print(f"server optimizer: unknown ({exc})")
 

@@ -110,14 +110,17 @@ def campaign_train_config(campaign_dir: str | Path) -> dict:
     return {k: v for k, v in train.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
 
 
-def campaign_server_opt(campaign_dir: str | Path) -> ServerOpt:
+def campaign_server_opt(campaign_dir: str | Path, *, missing_ok: bool = True) -> ServerOpt:
     """The server optimizer a campaign ran, from its ``server_config.json`` (FedAvg if the
-    training settings name none). Unlike :func:`campaign_train_config` nothing is dropped:
-    every ``server-*`` value goes to :meth:`ServerOpt.from_config` as written.
+    training settings name none, or -- with ``missing_ok`` -- if there is no such file: a
+    campaign of another optimizer is then refused by the aggregate's length and settings
+    tag, :mod:`sealfl.common.server_opt`). Unlike :func:`campaign_train_config` nothing is
+    dropped: every ``server-*`` value goes to :meth:`ServerOpt.from_config` as written.
 
     Raises:
-        ServerOptError: the file is missing or unreadable, its ``train`` section is not an
-            object, a ``server-*`` key is unknown, or a setting is bad.
+        ServerOptError: the file is unreadable (or missing, without ``missing_ok``), its
+            ``train`` section is not an object, a ``server-*`` key is unknown, or a
+            setting is bad.
     """
     import json
 
@@ -126,6 +129,11 @@ def campaign_server_opt(campaign_dir: str | Path) -> ServerOpt:
     path = CampaignDir(campaign_dir).config_path
     try:
         cfg = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        if not missing_ok:
+            raise ServerOptError(f"cannot read the campaign's server optimizer: {path} is missing") from exc
+        log.warning("%s is missing: opening the aggregate as FedAvg's", path)
+        return ServerOpt()
     except (OSError, ValueError, RecursionError) as exc:
         raise ServerOptError(f"cannot read the campaign's server optimizer from {path}: {exc}") from exc
     train = cfg.get("train") if isinstance(cfg, dict) else None
