@@ -27,6 +27,11 @@ partner required).
   could reach even if partners encrypted and decrypted for free, since the aggregator's
   sum (validation, parse, add) runs between the train and evaluate phases with nothing
   to overlap it;
+- **P2.<config>_cpu_floor** = (plaintext round + the extra aggregation time + the
+  partners' crypto CPU seconds / cores) / plaintext round, medians: the lowest round ratio
+  on this machine if every partner's encryption (each partner, once) and decryption (once
+  per worker process: the decoded global model is cached) ran in perfect parallel on all
+  cores with nothing else -- crypto seconds timed here with the same codec and length;
 - **P6.ratio_N** = peak RSS of the coordinator (the worker process hosting the ServerApp
   and Flower's simulation driver) encrypted / plaintext at N partners; round times at
   each N are in ``round.json``.
@@ -65,6 +70,38 @@ def _aggregator_floor(enc: dict, plain: dict) -> float | None:
         return None
     t = _median_round(plain["round_seconds"])
     return (t + max(0.0, _median_round(a) - _median_round(b))) / t
+
+
+def _crypto_cpu_seconds(he: str, length: int, partners: int) -> float:
+    """CPU seconds the partners of one round spend on HE: ``partners`` encryptions of a
+    ``length``-value update and one decryption per worker process (min(partners, cores)),
+    each the best of 3 with the campaign's codec."""
+    import numpy as np
+
+    from sealfl.common.codecs import generate, params_for
+
+    codec = generate(params_for(he))
+    v = np.random.default_rng(0).normal(0, 0.05, length)
+
+    def best(fn):
+        times = []
+        for _ in range(3):
+            t0 = time.process_time()
+            fn()
+            times.append(time.process_time() - t0)
+        return min(times)
+
+    blob = codec.encrypt(v)
+    enc, dec = best(lambda: codec.encrypt(v)), best(lambda: codec.decrypt(blob, length))
+    return partners * enc + min(partners, os.cpu_count() or 1) * dec
+
+
+def _cpu_floor(enc: dict, plain: dict, crypto_cpu_s: float) -> float | None:
+    """_aggregator_floor plus the partners' crypto CPU seconds spread over every core."""
+    agg = _aggregator_floor(enc, plain)
+    if agg is None:
+        return None
+    return agg + crypto_cpu_s / (os.cpu_count() or 1) / _median_round(plain["round_seconds"])
 
 
 def run(only: list[str]) -> dict:
@@ -113,6 +150,11 @@ def run(only: list[str]) -> dict:
             for label in ("encrypted", "ckks"):
                 if label in cfg:
                     cfg[f"aggregator_floor_{label}"] = _aggregator_floor(cfg[label], cfg["plaintext"])
+                    if name == "lora-8":
+                        crypto = _crypto_cpu_seconds("bfv" if label == "encrypted" else "ckks",
+                                                     get_task(task_name).n_params, len(partners))
+                        cfg[f"crypto_cpu_seconds_{label}"] = crypto
+                        cfg[f"cpu_floor_{label}"] = _cpu_floor(cfg[label], cfg["plaintext"], crypto)
             e, p = cfg["encrypted"]["coordinator_peak_rss_bytes"], cfg["plaintext"]["coordinator_peak_rss_bytes"]
             cfg["rss_ratio"] = e / p if e and p else None
             if "ckks" in cfg:
@@ -135,6 +177,8 @@ def run(only: list[str]) -> dict:
         summary["P2.lora_ckks"] = c["lora-8"].get("round_ratio_ckks")
         summary["P2.lora_aggregator_floor"] = c["lora-8"].get("aggregator_floor_encrypted")
         summary["P2.lora_aggregator_floor_ckks"] = c["lora-8"].get("aggregator_floor_ckks")
+        summary["P2.lora_cpu_floor"] = c["lora-8"].get("cpu_floor_encrypted")
+        summary["P2.lora_cpu_floor_ckks"] = c["lora-8"].get("cpu_floor_ckks")
     for o in OPTIMIZERS:
         for label in ("encrypted", "plaintext"):
             if f"{o}_{label}" in c.get("heart-4-opt", {}):
