@@ -212,3 +212,18 @@ def test_kind_implausible_version_jump_is_refused_by_policy(enclave, tmp_path):
     assert (info.value.file, info.value.check) == ("manifest.json", "version")
     assert "max_version_step" in str(info.value)
     assert read_device_state(state).last_good.version == 13
+
+
+def test_a_staging_failure_only_costs_time(trust_dir, release_dir, tmp_path, monkeypatch):
+    """Staging ahead of verification is an optimisation: whatever it raises (here: no thread
+    can be started), boot loads the verified bytes the ordinary way."""
+    from sealfl.common.sandbox import SandboxedRuntime
+
+    def cannot(self, model_bytes):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(SandboxedRuntime, "stage", cannot)
+    x = sample_inputs(3)
+    with boot(trust_dir, release_dir, tmp_path / "device") as device:
+        assert not device.runtime.loaded_from_stage
+        np.testing.assert_array_equal(device.predict(x), _direct(make_onnx_model(), x))

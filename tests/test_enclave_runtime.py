@@ -360,3 +360,71 @@ def test_a_bad_request_leaves_the_stream_in_step():
 def test_timeouts_that_would_overflow_a_deadline_are_refused(options):
     with pytest.raises(RuntimeSandboxError, match="seconds"):
         SandboxedRuntime.prestart(**options)
+
+
+def test_a_forked_copy_closing_the_runtime_leaves_the_creators_child_and_dirs_alone():
+    x = sample_inputs(2)
+    with SandboxedRuntime(make_onnx_model()) as rt:
+        pid = os.fork()
+        if pid == 0:  # the copy: close() (and later __del__) must not touch what the creator owns
+            try:
+                rt.close()
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        assert os.path.isdir(rt.workdir) and os.path.isdir(rt.homedir) and rt.alive
+        assert rt.run({"x": x})[0].shape == (2, 1)
+
+
+def test_closing_during_staging_keeps_no_reference_to_the_staged_bytes():
+    """The refused release's bytes must go when the runtime stops, not at the next
+    garbage collection (boot may load the last good model right after)."""
+    import sys
+
+    data = b"\x01" * (64 * 1024**2)
+    base = sys.getrefcount(data)
+    rt = SandboxedRuntime.prestart()
+    rt.stage(data)
+    rt.close()
+    assert rt._stage_thread is not None and not rt._stage_thread.is_alive()
+    assert sys.getrefcount(data) == base
+
+
+def test_requests_during_a_staged_load_wait_for_it_instead_of_breaking_it():
+    import threading
+
+    model = make_onnx_model()
+    with SandboxedRuntime.prestart() as rt:
+        rt.stage(model + b"")  # another object: load() sends the bytes again, a longer window
+        errors = []
+
+        def ping():
+            try:
+                rt.health_check()
+            except RuntimeSandboxError as exc:
+                errors.append(str(exc))
+
+        t = threading.Thread(target=ping)
+        loader = threading.Thread(target=rt.load, args=(model,))
+        loader.start()
+        t.start()
+        loader.join()
+        t.join()
+        assert rt.alive and rt.run({"x": sample_inputs(1)})[0].shape == (1, 1)
+        assert all("no model loaded yet" in e for e in errors)  # refused, not sent ahead of 'init'
+
+
+def test_without_flock_the_runtime_still_starts_and_cleans_up(monkeypatch, tmp_path):
+    import errno
+    import tempfile
+
+    from sealfl.common import sandbox_setup
+
+    def no_flock(fd, op):
+        raise OSError(errno.ENOLCK, "no locks available")
+
+    monkeypatch.setattr(sandbox_setup.fcntl, "flock", no_flock)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with SandboxedRuntime(make_onnx_model()) as rt:
+        assert rt.run({"x": sample_inputs(1)})[0].shape == (1, 1)
+    assert list(tmp_path.iterdir()) == []

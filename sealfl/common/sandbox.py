@@ -105,7 +105,7 @@ class SandboxedRuntime:
                  timeout_s: float = 30.0, start_timeout_s: float = 120.0, intra_op_threads: int = 1,
                  network: str = "best-effort", die_with_parent: bool = False) -> None:
         self._die_with_parent = bool(die_with_parent)
-        self._loaded = False
+        self._loaded = self._loading = False
         self._staged: bytes | None = None  # what stage() sent (kept to compare by identity)
         self._stage_thread: threading.Thread | None = None
         self._stage_error: BaseException | None = None
@@ -120,9 +120,17 @@ class SandboxedRuntime:
         self._lock = threading.Lock()
         self._closed = False
         self._max_reply = memory_limit_bytes or (1 << 40)
-        self._stderr = tempfile.TemporaryFile()
-        self.workdir = private_dir()  # mode 0700, empty
-        self.homedir = private_dir("home-")  # mode 0700, the child's HOME
+        self._owner_pid = os.getpid()  # a fork()ed copy must neither stop the child nor remove its dirs
+        self.workdir = self.homedir = None
+        try:
+            self._stderr = tempfile.TemporaryFile()
+            self.workdir = private_dir()  # mode 0700, empty
+            self.homedir = private_dir("home-")  # mode 0700, the child's HOME
+        except OSError as exc:
+            for d in (self.workdir, self.homedir):
+                if d is not None:
+                    remove_private_dir(d)
+            raise RuntimeSandboxError(f"cannot create the sandbox child's private directories: {exc}") from exc
         cmd = self._command(memory_limit_bytes, intra_op_threads, network)
         try:
             self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -164,18 +172,22 @@ class SandboxedRuntime:
                 already staged.
         """
         _check_model_bytes(model_bytes)
-        if self._loaded or self._closed or self._stage_thread is not None:
+        if self._loaded or self._loading or self._closed or self._stage_thread is not None:
             raise RuntimeSandboxError("stage() needs a prestarted runtime with no model, staged or loaded")
         self._staged = model_bytes
-        message = _child.encode_message({"op": "stage"}, [model_bytes])
+        box = [_child.encode_message({"op": "stage"}, [model_bytes])]
         deadline = time.monotonic() + self._start_timeout_s
 
         def send() -> None:
+            message = box.pop()  # nothing keeps the bytes alive once the write is over
             try:
                 with self._lock:
                     self._write_all(message, deadline)
             except BaseException as exc:  # noqa: BLE001 -- reported by load()
-                self._stage_error = exc
+                # the text only: the exception's traceback would keep the model's bytes alive
+                self._stage_error = f"{type(exc).__name__}: {exc}"
+            finally:
+                del message
 
         self._stage_thread = threading.Thread(target=send, name=f"sandbox-stage-{self.pid}", daemon=True)
         self._stage_thread.start()
@@ -199,14 +211,14 @@ class SandboxedRuntime:
                 is then stopped).
         """
         _check_model_bytes(model_bytes)
-        if self._loaded or self._closed:
+        if self._loaded or self._loading or self._closed:
             raise RuntimeSandboxError("this sandboxed runtime already holds a model or is closed")
-        self._loaded = True
+        self._loading = True  # other requests stay refused ("no model loaded yet") until 'init' is answered
         staged = self._finish_stage()
         if self._stage_error is not None:  # a half-written message leaves the stream unusable
             self.close()
             raise RuntimeSandboxError(f"sandboxed runtime (pid {self.pid}) did not take the staged model: "
-                                      f"{type(self._stage_error).__name__}: {self._stage_error}")
+                                      f"{self._stage_error}")
         staged = staged and model_bytes is self._staged
         self._staged = None
         try:
@@ -218,6 +230,7 @@ class SandboxedRuntime:
             self.close()
             raise
         self.loaded_from_stage = staged
+        self._loaded = True
         if reply.get("forbidden_modules"):
             self.close()
             raise RuntimeSandboxError(f"sandbox child loaded forbidden modules {reply['forbidden_modules']}")
@@ -385,6 +398,9 @@ class SandboxedRuntime:
         """Stop the child (polite shutdown, then SIGKILL by pid; at once if it is still
         receiving :meth:`stage`-d bytes). Idempotent."""
         proc = getattr(self, "_proc", None)
+        if getattr(self, "_owner_pid", os.getpid()) != os.getpid():
+            self._closed = True  # a fork()ed copy: the child and its directories are the creator's
+            return
         thread = getattr(self, "_stage_thread", None)
         if thread is not None and thread.is_alive() and proc is not None:
             proc.kill()  # the staging write fails at once; nothing staged is ever parsed

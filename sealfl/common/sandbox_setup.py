@@ -98,18 +98,25 @@ def sweep_stale_dirs(tmp: str | None = None) -> list[str]:
 
 def private_dir(kind: str = "") -> str:
     """A fresh, empty, mode-0700 directory named after this process and locked by it (see
-    the module doc) until :func:`remove_private_dir`. Raises OSError if it cannot be made."""
+    the module doc; unlocked where the file system has no ``flock``) until
+    :func:`remove_private_dir`. Raises OSError if it cannot be made (nothing is left)."""
     global _swept
     if not _swept:
         _swept = True
         sweep_stale_dirs()
     path = tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{kind}{os.getpid()}-")
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except OSError as exc:  # a file system without flock (ENOLCK, EOPNOTSUPP): go on unlocked;
+        # the sweep then has only the pid (and the age) to go by
         os.close(fd)
-        raise
+        log.debug("cannot lock %s (%s); the sweep will judge it by its pid", path, exc)
+        return path
     _held[path] = fd
     return path
 
