@@ -179,3 +179,58 @@ def test_kind_listed_symlink_or_fifo_is_refused_as_file_type(trust_dir, release_
     with pytest.raises(VerificationError) as info:
         load_release(release_dir, load_trust_anchors(trust_dir))
     assert (info.value.file, info.value.check) == (MODEL_FILE, "file-type")
+
+
+# -- large payloads are hashed while they are read -------------------------------------
+
+def _big_release(enclave, tmp_path, size):
+    data = os.urandom(size)
+    rel = tmp_path / "release-big"
+    enclave.write_release(rel, {"blob.bin": data}, "big", 1, {})
+    return rel, data
+
+
+def test_a_large_payload_is_hashed_as_it_is_read_and_the_digest_is_sha256(enclave, trust_dir, tmp_path):
+    import hashlib
+
+    from sealfl.attestation.bigread import MIN_BYTES, WATCHED_CHUNK
+
+    rel, data = _big_release(enclave, tmp_path, MIN_BYTES + 3 * WATCHED_CHUNK + 12345)  # chunks + a tail
+    dfd = os.open(rel, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        got, digest = reader._read_payload(dfd, "blob.bin", len(data))
+    finally:
+        os.close(dfd)
+    assert got == data and digest == hashlib.sha256(data).hexdigest()  # hashlib: the independent source
+    assert load_release(rel, load_trust_anchors(trust_dir)).payload["blob.bin"] == data
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+def test_a_tampered_large_payload_is_refused_on_the_overlapped_path(enclave, trust_dir, tmp_path, where):
+    from sealfl.attestation.bigread import MIN_BYTES
+
+    rel, data = _big_release(enclave, tmp_path, MIN_BYTES + 5 * 1024**2 + 7)
+    i = {"first": 0, "middle": len(data) // 2, "last": len(data) - 1}[where]
+    with open(rel / "blob.bin", "r+b") as fh:
+        fh.seek(i)
+        fh.write(bytes([data[i] ^ 0x01]))
+    with pytest.raises(VerificationError) as info:
+        load_release(rel, load_trust_anchors(trust_dir))
+    assert (info.value.file, info.value.check) == ("blob.bin", "hash")
+
+
+def test_verify_payload_uses_a_well_formed_digest_and_ignores_anything_else(release_files, trust_dir):
+    """The digests argument replaces hashing (so a digest that is not of these bytes is
+    refused as a hash mismatch) -- and only a well-formed one does."""
+    import hashlib
+
+    from sealfl.attestation.verify import verify_metadata, verify_payload
+
+    trust = load_trust_anchors(trust_dir)
+    docs = {k: v for k, v in release_files.items() if k.endswith(".json")}
+    signed = verify_metadata(docs, list(release_files), trust)
+    payload = {e.path: release_files[e.path] for e in signed.files}
+    for bad in ("XYZ", 42, None, "A" * 64, hashlib.sha256(b"").hexdigest()[:63]):
+        verify_payload(signed, payload, {MODEL_FILE: bad})  # ignored: hashed here, verifies
+    with pytest.raises(VerificationError, match="sha256"):
+        verify_payload(signed, payload, {MODEL_FILE: hashlib.sha256(b"other bytes").hexdigest()})

@@ -26,6 +26,7 @@ import logging
 import mmap
 import os
 import sys
+from collections.abc import Callable
 
 __all__ = ["MIN_BYTES", "read_new_bytes"]
 
@@ -68,13 +69,21 @@ _LIBC = _libc()
 _OFFSET = _data_offset() if _LIBC is not None else None
 
 
-def read_new_bytes(fd: int, size: int) -> bytes | None:
+#: bytes per read(2) call when a reader watches the progress (``on_chunk``): small enough
+#: that a chunk is still in the CPU's caches when its consumer (the hash) reads it
+WATCHED_CHUNK = 8 << 20
+
+
+def read_new_bytes(fd: int, size: int, on_chunk: Callable[[memoryview], None] | None = None) -> bytes | None:
     """Read up to ``size`` bytes from ``fd`` (from its current offset, until EOF) into one
     new ``bytes`` object whose memory was advised ``MADV_HUGEPAGE`` before it was touched.
 
     Args:
         fd: an open file descriptor (blocking reads; a regular file).
         size: bytes wanted (the result is shorter only at EOF).
+        on_chunk: if given, called after every :data:`WATCHED_CHUNK` bytes (and at the
+            end) with a read-only view of the bytes just read, in order -- they are never
+            written again (the reader hashes them meanwhile, in another thread).
     Returns:
         the bytes read, or None when this path is unavailable or ``size < MIN_BYTES``
         (nothing was read then; the caller reads as usual).
@@ -89,15 +98,22 @@ def read_new_bytes(fd: int, size: int) -> bytes | None:
     end = (addr + size) // _PAGE * _PAGE
     if end > start and _LIBC.madvise(start, end - start, mmap.MADV_HUGEPAGE) != 0:
         log.debug("madvise(MADV_HUGEPAGE) failed: %s", os.strerror(ctypes.get_errno()))  # still correct, slower
-    got = 0
-    while got < size:
-        n = _LIBC.read(fd, addr + got, min(_MAX_CALL, size - got))
-        if n < 0:
-            err = ctypes.get_errno()
-            if err == errno.EINTR:
-                continue
-            raise OSError(err, os.strerror(err))
-        if n == 0:
-            break
-        got += n
+    got, step = 0, WATCHED_CHUNK if on_chunk is not None else _MAX_CALL
+    view = memoryview(buf) if on_chunk is not None else None
+    try:
+        while got < size:
+            n = _LIBC.read(fd, addr + got, min(step, size - got))
+            if n < 0:
+                err = ctypes.get_errno()
+                if err == errno.EINTR:
+                    continue
+                raise OSError(err, os.strerror(err))
+            if n == 0:
+                break
+            if view is not None:
+                on_chunk(view[got:got + n])
+            got += n
+    finally:
+        if view is not None:
+            view.release()
     return buf if got == size else buf[:got]

@@ -29,7 +29,7 @@ import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from .bigread import read_new_bytes
+from .bigread import MIN_BYTES, read_new_bytes
 from .bundle import METADATA_FILES
 from .config import DEFAULT_CONFIG, DEFAULT_MAX_FILE_BYTES, VerifyConfig
 from .device_state import DeviceState
@@ -84,7 +84,45 @@ def _open_regular(dfd: int, name: str) -> tuple[int, os.stat_result]:
     return fd, st
 
 
-def _read_at_most(fd: int, name: str, limit: int) -> bytes:
+class _ChunkHasher:
+    """SHA-256 of a file computed while it is read: :func:`~.bigread.read_new_bytes` hands
+    each chunk it has read to :meth:`feed`, a worker thread hashes it while the next chunk
+    is read (``read(2)`` through ctypes and ``hashlib`` both release the GIL), so reading
+    and hashing a large payload take about as long as hashing it alone -- what
+    ``openssl dgst`` does with its small buffers (issue 9, P4)."""
+
+    def __init__(self) -> None:
+        import hashlib
+        import queue
+        import threading
+
+        self._h = hashlib.sha256()
+        self.fed = 0  # bytes fed so far
+        self._q: "queue.SimpleQueue[memoryview | None]" = queue.SimpleQueue()
+        self._t = threading.Thread(target=self._run, name="sealfl-hash", daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        while (chunk := self._q.get()) is not None:
+            self._h.update(chunk)
+            chunk.release()
+
+    def feed(self, chunk: memoryview) -> None:
+        self.fed += chunk.nbytes
+        self._q.put(chunk)
+
+    def hexdigest(self) -> str:
+        """The digest of everything fed (waits for the worker)."""
+        self.close()
+        return self._h.hexdigest()
+
+    def close(self) -> None:
+        if self._t.is_alive():
+            self._q.put(None)
+            self._t.join()
+
+
+def _read_at_most(fd: int, name: str, limit: int, hasher: _ChunkHasher | None = None) -> bytes:
     """Read from ``fd`` until EOF or ``limit + 1`` bytes, whichever comes first.
 
     One ``read`` of ``limit + 1`` bytes into one new bytes object (a single copy from the
@@ -98,7 +136,8 @@ def _read_at_most(fd: int, name: str, limit: int) -> bytes:
     parts: list[bytes] = []
     got = 0
     try:
-        big = read_new_bytes(fd, limit)  # huge-page backed (bigread.py); None: small or unavailable
+        # huge-page backed (bigread.py), hashed meanwhile if asked; None: small or unavailable
+        big = read_new_bytes(fd, limit, hasher.feed if hasher is not None else None)
         if big is not None:
             if len(big) < limit:
                 return big
@@ -128,14 +167,24 @@ def _read_document(dfd: int, name: str, cap: int) -> bytes:
     return data
 
 
-def _read_payload(dfd: int, name: str, signed_size: int) -> bytes:
+def _read_payload(dfd: int, name: str, signed_size: int) -> tuple[bytes, str | None]:
+    """(the file's bytes, their SHA-256 hex computed while reading -- or None where the
+    bytes were not read in one piece: small files, or a file that grew, which
+    verify_payload refuses by its size anyway)."""
     fd, st = _open_regular(dfd, name)
+    hasher = _ChunkHasher() if signed_size >= MIN_BYTES else None
     try:
         if st.st_size != signed_size:
             raise VerificationError(name, "hash", f"size {st.st_size} bytes != signed size {signed_size} "
                                     "(refused before reading)")
-        return _read_at_most(fd, name, signed_size)  # verify_payload refuses a length != signed_size
+        data = _read_at_most(fd, name, signed_size, hasher)  # verify_payload refuses a length != signed_size
+        digest = hasher.hexdigest() if hasher is not None and len(data) == signed_size else None
+        if digest is not None and hasher.fed != len(data):
+            digest = None
+        return data, digest
     finally:
+        if hasher is not None:
+            hasher.close()
         os.close(fd)
 
 
@@ -175,13 +224,15 @@ def load_release(path: str | os.PathLike, trust: TrustAnchors, *, state: DeviceS
                 raise VerificationError(name, "missing-file", "release metadata file is missing")
             documents[name] = _read_document(dfd, name, config.document_cap(name))
         signed = verify_metadata(documents, names, trust, state=state, config=config)
-        payload = {entry.path: _read_payload(dfd, entry.path, entry.size) for entry in signed.files}
+        read = {entry.path: _read_payload(dfd, entry.path, entry.size) for entry in signed.files}
     finally:
         os.close(dfd)
+    payload = {path: data for path, (data, _) in read.items()}
+    digests = {path: digest for path, (_, digest) in read.items() if digest is not None}
     if on_payload is not None:
         on_payload(signed, payload)
     log.debug("read %d signed files from release dir %s", len(payload) + len(documents), Path(root))
-    return verify_payload(signed, payload)
+    return verify_payload(signed, payload, digests)
 
 
 def read_release_dir(path: str | os.PathLike, *, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,

@@ -226,12 +226,17 @@ def _model_files(signed: SignedRelease) -> list[str]:
     return sorted(names)
 
 
-def verify_payload(signed: SignedRelease, payload: Mapping[str, bytes]) -> VerifiedRelease:
+def verify_payload(signed: SignedRelease, payload: Mapping[str, bytes],
+                   digests: Mapping[str, str] | None = None) -> VerifiedRelease:
     """Checks 9-10 (module docstring): sizes, hashes, self-contained ONNX. Pure.
 
     Args:
         signed: the result of :func:`verify_metadata`.
         payload: ``{path: bytes}`` of every signed payload file (immutable ``bytes``).
+        digests: optional ``{path: SHA-256 hex}`` that the caller computed over exactly
+            those ``bytes`` objects while reading them (:func:`sealfl.attestation.reader.load_release`
+            hashes a large file chunk by chunk as it arrives); used instead of hashing
+            them again. Anything but 64 lowercase hex characters is ignored (hashed here).
 
     Returns:
         a :class:`VerifiedRelease` whose ``payload`` values are the objects passed in.
@@ -249,7 +254,9 @@ def verify_payload(signed: SignedRelease, payload: Mapping[str, bytes]) -> Verif
         if len(data) != entry.size:
             mismatched.append((entry.path, f"size {len(data)} bytes != signed size {entry.size}"))
             continue
-        digest = hashlib.sha256(data).hexdigest()
+        digest = (digests or {}).get(entry.path)
+        if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+            digest = hashlib.sha256(data).hexdigest()
         if not hmac.compare_digest(digest, entry.sha256):
             mismatched.append((entry.path, f"sha256 {digest} != signed {entry.sha256}"))
     if mismatched:
