@@ -58,8 +58,8 @@ def boot_100mb() -> dict:
     """P4.boot_seconds_100mb: what ``device boot`` spends on a 100 MB model -- read the
     release once, verify it (signature, attestation, manifest, SHA-256 of every byte) while
     the sandboxed onnxruntime child starts (``SandboxedRuntime.prestart``), then load the
-    verified bytes into it (the bytes cross the pipe while they are hashed, the session is
-    built after) -- best of 3, through ``load_release`` as the device reads.
+    verified bytes into it (they are copied into its stage file while they are checked, the
+    session is built after) -- best of 3, through ``load_release`` as the device reads.
     (Canary, TEE measurement and the state record are left out: they do not grow with the
     model.)"""
     from sealfl.common.sandbox import SandboxedRuntime
@@ -73,7 +73,7 @@ def boot_100mb() -> dict:
         for _ in range(3):
             t0 = time.perf_counter()
             rt = SandboxedRuntime.prestart()  # as device boot does: the child starts while we verify,
-            # and gets the model bytes while their hash is checked (it parses them only at load)
+            # and the model bytes go into its stage file meanwhile (it opens them only at load)
             release = load_release(rel, trust, on_payload=lambda signed, payload: rt.stage(payload["model.onnx"]))
             t1 = time.perf_counter()
             rt.load(release.payload["model.onnx"])

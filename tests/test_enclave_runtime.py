@@ -247,7 +247,7 @@ def test_the_pipe_to_the_child_is_widened_where_the_kernel_allows():
         assert rt.run({"x": sample_inputs(3)})[0].shape == (3, 1)
 
 
-# -- staging: the bytes cross while the parent still verifies them ----------------------
+# -- staging: the bytes are copied to the child's stage file while the parent verifies ---
 
 _OTHER_W = np.array([[1.0], [-1.0], [0.5], [2.0]], dtype=np.float32)
 
@@ -290,7 +290,7 @@ def test_a_staged_model_that_does_not_parse_fails_at_load_and_stops_the_child():
 def test_close_while_staging_a_large_model_stops_the_child_at_once():
     rt = SandboxedRuntime.prestart()
     pid = rt.pid
-    rt.stage(b"\x01" * (200 * 1024**2))  # far more than the pipe holds: the writer is still busy
+    rt.stage(b"\x01" * (200 * 1024**2))  # the copy into the stage file is still going on
     t0 = time.monotonic()
     rt.close()
     assert time.monotonic() - t0 < 5 and not _pid_alive(pid)
@@ -386,7 +386,6 @@ def test_closing_during_staging_keeps_no_reference_to_the_staged_bytes():
     rt = SandboxedRuntime.prestart()
     rt.stage(data)
     rt.close()
-    assert rt._stage_thread is not None and not rt._stage_thread.is_alive()
     assert sys.getrefcount(data) == base
 
 
@@ -428,3 +427,50 @@ def test_without_flock_the_runtime_still_starts_and_cleans_up(monkeypatch, tmp_p
     with SandboxedRuntime(make_onnx_model()) as rt:
         assert rt.run({"x": sample_inputs(1)})[0].shape == (1, 1)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("fault", ["unsealed", "short"])
+def test_the_child_takes_a_staged_model_only_from_a_sealed_file_of_the_staged_size(fault):
+    """The child's own checks on the stage file (the parent never sends such an init)."""
+    import fcntl
+
+    model = make_onnx_model()
+    rt = SandboxedRuntime.prestart()
+    try:
+        fd = rt._stage.fd
+        os.pwrite(fd, model, 0)
+        if fault == "short":
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+        rt._loading = True
+        with pytest.raises(RuntimeSandboxError, match="not sealed" if fault == "unsealed" else "holds"):
+            rt._request({"op": "init", "staged": len(model) + (1 if fault == "short" else 0)}, [], 30)
+        assert not _pid_alive(rt.pid)
+    finally:
+        rt.close()
+
+
+def test_without_a_memory_file_staging_does_nothing_and_load_sends_the_bytes(monkeypatch):
+    from sealfl.common import sandbox
+
+    monkeypatch.setattr(sandbox.MemfdStage, "create", classmethod(lambda cls: None))
+    model, x = make_onnx_model(_OTHER_W), sample_inputs(4)
+    with SandboxedRuntime.prestart() as rt:
+        rt.stage(model)
+        rt.load(model)
+        assert not rt.loaded_from_stage
+        np.testing.assert_array_equal(rt.run({"x": x})[0], _direct(model, x))
+
+
+def test_the_stage_file_is_sealed_once_written():
+    import fcntl
+
+    model = make_onnx_model()
+    with SandboxedRuntime.prestart() as rt:
+        rt.stage(model)
+        assert rt._stage.holds(model)
+        seals = fcntl.fcntl(rt._stage.fd, fcntl.F_GET_SEALS)
+        assert seals & fcntl.F_SEAL_WRITE and seals & fcntl.F_SEAL_SEAL
+        with pytest.raises(PermissionError):
+            os.pwrite(rt._stage.fd, b"x", 0)
+        rt.load(model)
+        assert rt.loaded_from_stage and rt._stage.fd == -1  # closed once the child has the model

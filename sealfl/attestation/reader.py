@@ -199,9 +199,9 @@ def load_release(path: str | os.PathLike, trust: TrustAnchors, *, state: DeviceS
         state: the device's trusted state (rollback floor); None = a fresh device.
         config: size caps.
         on_payload: called with the signed release (checks 1-8 passed) and the payload
-            files as read, *before* their SHA-256 is checked -- for work that may overlap
+            files as read, *before* they are checked (hash, ONNX) -- for work that may overlap
             the hashing but must not trust the bytes (device boot stages the model in the
-            sandboxed child, :meth:`sealfl.common.sandbox.SandboxedRuntime.stage`). It must
+            sandboxed child's stage file, :meth:`sealfl.common.sandbox.SandboxedRuntime.stage`). It must
             not raise; the release is refused or accepted by the checks alone.
 
     Returns:

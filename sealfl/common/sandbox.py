@@ -38,6 +38,7 @@ import numpy as np
 from . import sandbox_child as _child
 from .errors import RuntimeSandboxError
 from .sandbox_pipe import PIPE_BYTES, read_exact_until, widen_pipe, write_all
+from .sandbox_stage import MemfdStage
 from .sandbox_setup import (MIN_MEMORY_LIMIT_BYTES, check_options, check_timeout, private_dir, remove_private_dir,
                             sweep_stale_dirs)
 
@@ -101,14 +102,17 @@ class SandboxedRuntime:
             model; its message is included), crashed or timed out.
     """
 
+    #: prestarted children of this class take a staged model from a memory file
+    #: (``--stage-fd``; subclasses that run another child script set False)
+    STAGE_FD = True
+
     def __init__(self, model_bytes: bytes | None, *, memory_limit_bytes: int = TABULAR_MEMORY_LIMIT_BYTES,
                  timeout_s: float = 30.0, start_timeout_s: float = 120.0, intra_op_threads: int = 1,
                  network: str = "best-effort", die_with_parent: bool = False) -> None:
         self._die_with_parent = bool(die_with_parent)
         self._loaded = self._loading = False
-        self._staged: bytes | None = None  # what stage() sent (kept to compare by identity)
-        self._stage_thread: threading.Thread | None = None
-        self._stage_error: BaseException | None = None
+        # prestarted children of the base class get a memory file to stage the model in
+        self._stage = MemfdStage.create() if model_bytes is None and self.STAGE_FD else None
         self.loaded_from_stage = False
         self.network, self.inputs, self.outputs = "not known before load", [], []
         if model_bytes is not None:
@@ -132,11 +136,16 @@ class SandboxedRuntime:
                     remove_private_dir(d)
             raise RuntimeSandboxError(f"cannot create the sandbox child's private directories: {exc}") from exc
         cmd = self._command(memory_limit_bytes, intra_op_threads, network)
+        if self._stage is not None:
+            cmd += ["--stage-fd", str(self._stage.fd)]
         try:
             self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=self._stderr, env={**_minimal_env(), "HOME": self.homedir}, cwd=self.workdir,
-                                          close_fds=True, start_new_session=True)
+                                          close_fds=True, start_new_session=True,
+                                          pass_fds=(self._stage.fd,) if self._stage is not None else ())
         except OSError as exc:
+            if self._stage is not None:
+                self._stage.close()
             self._stderr.close()
             remove_private_dir(self.workdir)
             remove_private_dir(self.homedir)
@@ -158,47 +167,24 @@ class SandboxedRuntime:
         return cls(None, **options)
 
     def stage(self, model_bytes: bytes) -> None:
-        """Send ``model_bytes`` to a :meth:`prestart`-ed child ahead of :meth:`load`, in a
-        background thread, while the caller is still verifying them (device boot: while the
-        payload's SHA-256 is checked). The child only keeps them: it parses nothing before
-        ``load``, and a refused release ends with :meth:`close`, which drops them.
-        :meth:`load` with the *same object* (bytes are immutable: the object that was staged
-        is the object that was verified) then sends no bytes at all; with any other object
-        it sends those, and the staged ones are dropped. Best effort: a staging that fails
-        shows up (if at all) as :meth:`load`'s error.
+        """Copy ``model_bytes`` ahead of :meth:`load` into the memory file a
+        :meth:`prestart`-ed child inherited (:mod:`sealfl.common.sandbox_stage`), in a
+        background thread, while the caller is still verifying them (device boot: while
+        the payload's hash and ONNX checks run). The child is told to read them only by
+        :meth:`load` of the *same object* (bytes are immutable: the object staged is the
+        object verified); any other object crosses the pipe instead and the staged copy is
+        dropped, as it is by :meth:`close` after a refused release. Best effort: where no
+        memory file exists, or the copy fails, nothing is staged and load() sends the bytes.
 
         Raises:
             RuntimeSandboxError: not non-empty bytes, or the runtime is loaded, closed or
                 already staged.
         """
         _check_model_bytes(model_bytes)
-        if self._loaded or self._loading or self._closed or self._stage_thread is not None:
+        if self._loaded or self._loading or self._closed or (self._stage is not None and self._stage.started):
             raise RuntimeSandboxError("stage() needs a prestarted runtime with no model, staged or loaded")
-        self._staged = model_bytes
-        box = [_child.encode_message({"op": "stage"}, [model_bytes])]
-        deadline = time.monotonic() + self._start_timeout_s
-
-        def send() -> None:
-            message = box.pop()  # nothing keeps the bytes alive once the write is over
-            try:
-                with self._lock:
-                    self._write_all(message, deadline)
-            except BaseException as exc:  # noqa: BLE001 -- reported by load()
-                # the text only: the exception's traceback would keep the model's bytes alive
-                self._stage_error = f"{type(exc).__name__}: {exc}"
-            finally:
-                del message
-
-        self._stage_thread = threading.Thread(target=send, name=f"sandbox-stage-{self.pid}", daemon=True)
-        self._stage_thread.start()
-
-    def _finish_stage(self) -> bool:
-        """Wait for the staging thread; True if the staged bytes reached the pipe whole."""
-        thread = self._stage_thread
-        if thread is None:
-            return False
-        thread.join()
-        return self._stage_error is None
+        if self._stage is not None:
+            self._stage.start(model_bytes)
 
     def load(self, model_bytes: bytes) -> "SandboxedRuntime":
         """Hand the verified model bytes to a :meth:`prestart`-ed child and wait (at most
@@ -214,21 +200,18 @@ class SandboxedRuntime:
         if self._loaded or self._loading or self._closed:
             raise RuntimeSandboxError("this sandboxed runtime already holds a model or is closed")
         self._loading = True  # other requests stay refused ("no model loaded yet") until 'init' is answered
-        staged = self._finish_stage()
-        if self._stage_error is not None:  # a half-written message leaves the stream unusable
-            self.close()
-            raise RuntimeSandboxError(f"sandboxed runtime (pid {self.pid}) did not take the staged model: "
-                                      f"{self._stage_error}")
-        staged = staged and model_bytes is self._staged
-        self._staged = None
+        staged = self._stage is not None and self._stage.holds(model_bytes)
         try:
             if staged:
-                reply, _ = self._request({"op": "init", "staged": True}, [], self._start_timeout_s)
+                reply, _ = self._request({"op": "init", "staged": len(model_bytes)}, [], self._start_timeout_s)
             else:
                 reply, _ = self._request({"op": "init"}, [model_bytes], self._start_timeout_s)
         except BaseException:
             self.close()
             raise
+        finally:
+            if self._stage is not None:  # the child has read its copy (or is gone)
+                self._stage.close()
         self.loaded_from_stage = staged
         self._loaded = True
         if reply.get("forbidden_modules"):
@@ -401,11 +384,9 @@ class SandboxedRuntime:
         if getattr(self, "_owner_pid", os.getpid()) != os.getpid():
             self._closed = True  # a fork()ed copy: the child and its directories are the creator's
             return
-        thread = getattr(self, "_stage_thread", None)
-        if thread is not None and thread.is_alive() and proc is not None:
-            proc.kill()  # the staging write fails at once; nothing staged is ever parsed
-            thread.join()
-        self._staged = None
+        stage = getattr(self, "_stage", None)
+        if stage is not None:
+            stage.close()  # drops the staged bytes; the child never read them
         if proc is not None and proc.poll() is None:
             if not self._closed:
                 try:

@@ -251,8 +251,8 @@ class _Prestarted:
                 log.debug("could not prestart the runtime child (%s); starting it after verification", exc)
 
     def stage(self, signed, payload) -> None:
-        """``load_release``'s ``on_payload``: send the model file the *signed* metadata names
-        to the child while its SHA-256 is still being checked
+        """``load_release``'s ``on_payload``: stage the model file the *signed* metadata names
+        for the child while its hash and ONNX checks still run
         (:meth:`SandboxedRuntime.stage`; nothing is parsed before it is verified). Skipped
         for LLM releases and releases encrypted at rest (their model bytes exist only
         later). Never raises."""

@@ -146,6 +146,8 @@ def emit_limit(text: str, done: bool, hold: int) -> int:
 class _Child(SandboxedRuntime):
     """A :class:`SandboxedRuntime` whose child runs :mod:`sealfl.enclave.llm_child`."""
 
+    STAGE_FD = False  # llm_child takes its model over the pipe only
+
     def __init__(self, model_bytes: bytes, *, max_context: int, head_dim: int, **kw) -> None:
         self._max_context = int(max_context)
         self._head_dim = int(head_dim)

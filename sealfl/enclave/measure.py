@@ -67,7 +67,7 @@ DEVICE_RUNTIME_MODULES: tuple[str, ...] = ATTESTATION_MODULES + tuple(
     for m in ("__init__", "acceptance", "at_rest", "device", "errors", "inputs", "llm_boot", "llm_child", "llm_runtime",
               "doctor", "measure", "measured", "provision", "sealed_blob", "sim", "slots", "tee", "tpm", "tpm_tools",
               "openai_api", "serve", "serve_app", "serve_metrics", "serve_state")
-) + tuple(f"sealfl.common.{m}" for m in ("sandbox", "sandbox_child", "sandbox_pipe", "sandbox_setup", "llm_decode",
+) + tuple(f"sealfl.common.{m}" for m in ("sandbox", "sandbox_child", "sandbox_pipe", "sandbox_setup", "sandbox_stage", "llm_decode",
                                      "testpoints")) + tuple(
     f"sealfl.kbs.{m}" for m in ("__init__", "atrest", "client", "errors", "wrap"))
 
