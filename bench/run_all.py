@@ -29,9 +29,9 @@ KEYS = ["P1.sealfl", "P1.nvflare_default", "P2.heart", "P2.lora", "P3.encrypted"
         # the issue's figures are those of the packed BFV codec (``--he bfv``); the same for
         # the default CKKS codec (ARCHITECTURE.md) where measured
         "P1.sealfl_ckks", "P2.heart_ckks", "P2.lora_ckks", "P3.encrypted_ckks", "P6.ratio_4_ckks",
-        # the least P2.lora could be with free partner-side encryption, and with the
-        # partners' measured crypto CPU time spread perfectly over every core (bench/round_bench.py)
-        "P2.lora_aggregator_floor", "P2.lora_aggregator_floor_ckks", "P2.lora_cpu_floor", "P2.lora_cpu_floor_ckks",
+        # the least P2.lora could be with free partner-side encryption, and what to expect with
+        # the partners' measured crypto CPU time spread perfectly over every core (bench/round_bench.py)
+        "P2.lora_aggregator_floor", "P2.lora_aggregator_floor_ckks", "P2.lora_cpu_estimate", "P2.lora_cpu_estimate_ckks",
         # server optimizers at the key holders (sealfl.common.server_opt), BFV and plaintext
         "P3.fedavgm_encrypted", "P3.fedavgm_plaintext", "P3.fedadam_encrypted", "P3.fedadam_plaintext"]
 #: targets of issue 9 (key -> (comparison, value)); shown beside each figure
