@@ -111,8 +111,7 @@ class SandboxedRuntime:
                  network: str = "best-effort", die_with_parent: bool = False) -> None:
         self._die_with_parent = bool(die_with_parent)
         self._loaded = self._loading = False
-        # prestarted children of the base class get a memory file to stage the model in
-        self._stage = MemfdStage.create() if model_bytes is None and self.STAGE_FD else None
+        self._stage: MemfdStage | None = None
         self.loaded_from_stage = False
         self.network, self.inputs, self.outputs = "not known before load", [], []
         if model_bytes is not None:
@@ -136,6 +135,8 @@ class SandboxedRuntime:
                     remove_private_dir(d)
             raise RuntimeSandboxError(f"cannot create the sandbox child's private directories: {exc}") from exc
         cmd = self._command(memory_limit_bytes, intra_op_threads, network)
+        # prestarted children of the base class get a memory file to stage the model in
+        self._stage = MemfdStage.create() if model_bytes is None and self.STAGE_FD else None
         if self._stage is not None:
             cmd += ["--stage-fd", str(self._stage.fd)]
         try:
@@ -378,8 +379,8 @@ class SandboxedRuntime:
         return {"ok": True, "pid": reply.get("pid"), "network": reply.get("network")}
 
     def close(self) -> None:
-        """Stop the child (polite shutdown, then SIGKILL by pid; at once if it is still
-        receiving :meth:`stage`-d bytes). Idempotent."""
+        """Stop the child (polite shutdown, then SIGKILL by pid) and drop a :meth:`stage`-d
+        copy the child never opened. Idempotent."""
         proc = getattr(self, "_proc", None)
         if getattr(self, "_owner_pid", os.getpid()) != os.getpid():
             self._closed = True  # a fork()ed copy: the child and its directories are the creator's
