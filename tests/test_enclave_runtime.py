@@ -474,3 +474,97 @@ def test_the_stage_file_is_sealed_once_written():
             os.pwrite(rt._stage.fd, b"x", 0)
         rt.load(model)
         assert rt.loaded_from_stage and rt._stage.fd == -1  # closed once the child has the model
+
+
+def test_a_stage_file_changed_before_its_seal_is_not_used(monkeypatch):
+    """Between the write and the seal a process of the same user could write to the file
+    through /proc/<pid>/fd: the parent compares it with the bytes after sealing, and sends
+    the bytes over the pipe when they differ."""
+    import fcntl
+
+    from sealfl.common import sandbox_stage
+
+    real = fcntl.fcntl
+
+    def tamper_then_seal(fd, cmd, arg=0):
+        if cmd == fcntl.F_ADD_SEALS:
+            os.pwrite(fd, b"\x00" * 16, 40)  # the writer got in just before the seal
+        return real(fd, cmd, arg)
+
+    monkeypatch.setattr(sandbox_stage.fcntl, "fcntl", tamper_then_seal)
+    model, x = make_onnx_model(_OTHER_W), sample_inputs(3)
+    with SandboxedRuntime.prestart() as rt:
+        rt.stage(model)
+        rt.load(model)
+        assert not rt.loaded_from_stage
+        np.testing.assert_array_equal(rt.run({"x": x})[0], _direct(model, x))
+
+
+def test_the_stage_file_never_takes_a_standard_descriptor():
+    import subprocess
+    import sys
+
+    code = ("import os\nos.close(0)\nfrom sealfl.common.sandbox_stage import MemfdStage\n"
+            "s = MemfdStage.create()\nprint(s.fd if s else 'none')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "none" or int(out.stdout) >= 3
+
+
+def test_staging_that_cannot_start_a_thread_or_exceeds_the_memory_limit_is_skipped(monkeypatch):
+    import threading
+
+    from sealfl.common.sandbox import MIN_MEMORY_LIMIT_BYTES
+
+    with SandboxedRuntime.prestart(memory_limit_bytes=MIN_MEMORY_LIMIT_BYTES * 32) as rt:
+        rt.stage(b"\x01" * (MIN_MEMORY_LIMIT_BYTES * 32 + 1))  # more than the child may hold
+        assert not rt._stage.started
+    real_start = threading.Thread.start
+
+    def no_thread(self):
+        if self.name == "sandbox-stage":
+            raise RuntimeError("can't start new thread")
+        return real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    model = make_onnx_model()
+    rt = SandboxedRuntime.prestart()
+    rt.stage(model)  # nothing staged, no error
+    rt.load(model)
+    assert not rt.loaded_from_stage and rt.run({"x": sample_inputs(1)})[0].shape == (1, 1)
+    pid = rt.pid
+    rt.close()
+    assert not _pid_alive(pid)
+
+
+def test_a_forked_copy_drops_only_its_own_stage_descriptor():
+    model = make_onnx_model()
+    with SandboxedRuntime.prestart() as rt:
+        rt.stage(model)
+        assert rt._stage.holds(model)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                rt.close()
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        rt.load(model)
+        assert rt.loaded_from_stage
+
+
+def test_the_stage_comparison_finds_any_differing_byte():
+    from sealfl.common.sandbox_stage import _COMPARE_CHUNK, _same
+
+    data = os.urandom(2 * _COMPARE_CHUNK + 1001)
+    fd = os.memfd_create("t")
+    try:
+        os.write(fd, data)
+        assert _same(fd, data)
+        for pos in (0, _COMPARE_CHUNK - 1, _COMPARE_CHUNK, len(data) // 2, len(data) - 1):
+            other = bytearray(data)
+            other[pos] ^= 0x80
+            assert not _same(fd, bytes(other)), pos
+        assert not _same(fd, data[:-1]) and not _same(fd, data + b"\0")
+    finally:
+        os.close(fd)

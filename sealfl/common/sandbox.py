@@ -184,8 +184,12 @@ class SandboxedRuntime:
         _check_model_bytes(model_bytes)
         if self._loaded or self._loading or self._closed or (self._stage is not None and self._stage.started):
             raise RuntimeSandboxError("stage() needs a prestarted runtime with no model, staged or loaded")
-        if self._stage is not None:
+        if self._stage is None or (self._memory_limit and len(model_bytes) > self._memory_limit):
+            return  # nothing to stage in, or the child could not hold it: load() sends (and fails) as usual
+        try:
             self._stage.start(model_bytes)
+        except RuntimeError as exc:  # no thread could be started
+            log.debug("not staging the model: %s", exc)
 
     def load(self, model_bytes: bytes) -> "SandboxedRuntime":
         """Hand the verified model bytes to a :meth:`prestart`-ed child and wait (at most
@@ -384,6 +388,8 @@ class SandboxedRuntime:
         proc = getattr(self, "_proc", None)
         if getattr(self, "_owner_pid", os.getpid()) != os.getpid():
             self._closed = True  # a fork()ed copy: the child and its directories are the creator's
+            if getattr(self, "_stage", None) is not None:
+                self._stage.close(forked=True)  # only this copy's descriptor of the stage file
             return
         stage = getattr(self, "_stage", None)
         if stage is not None:

@@ -311,6 +311,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             # itself (~0.1 s less than bytes: no Python copy). Its directory (/proc/self/fd)
             # would only matter for external data, which verification refused (check 10)
             model = _stage_path(args.stage_fd, staged)
+        elif isinstance(staged, int) and not isinstance(staged, bool) and staged > cap:
+            raise ValueError(f"the staged model of {staged} bytes exceeds this child's memory limit of {cap} bytes")
         else:
             raise ValueError("'init' needs exactly one blob (the model bytes), or none and 'staged': <size> "
                              "with a stage file")
