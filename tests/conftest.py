@@ -51,6 +51,14 @@ def sample_inputs(n: int = 5, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).normal(size=(n, N_FEATURES)).astype(np.float32)
 
 
+def direct_outputs(model: bytes, x: np.ndarray) -> np.ndarray:
+    """The first output of ``model`` on input ``x`` in an in-process onnxruntime session:
+    the independent reference for the sandboxed runtime and the device."""
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
 def default_payload() -> dict[str, bytes]:
     """Payload of a typical release: the model plus a small labels file."""
     return {MODEL_FILE: make_onnx_model(), "labels.json": b'{"0": "healthy", "1": "disease"}\n'}

@@ -8,9 +8,8 @@ import hashlib
 import json
 
 import numpy as np
-import onnxruntime as ort
 import pytest
-from conftest import MODEL_FILE, default_payload, make_onnx_model, sample_inputs, write_signed_release
+from conftest import MODEL_FILE, default_payload, direct_outputs, make_onnx_model, sample_inputs, write_signed_release
 
 from sealfl.attestation.quote import pcr_after, verify_quote
 from sealfl.enclave.device import boot, boot_last_good, read_device_state
@@ -18,10 +17,6 @@ from sealfl.enclave.errors import BootError
 from sealfl.enclave.measure import measure_device_runtime
 from sealfl.enclave.measured import measure_config
 from sealfl.enclave.verify_cli import verify_dir
-
-
-def _direct(model: bytes, x: np.ndarray) -> np.ndarray:
-    return ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
 
 
 def _sandbox_children() -> list[int]:
@@ -48,7 +43,7 @@ def test_good_release_boots_and_predicts(trust_dir, release_dir, tmp_path):
     state = tmp_path / "device"
     x = sample_inputs(6)
     with boot(trust_dir, release_dir, state) as device:
-        np.testing.assert_array_equal(device.predict(x), _direct(make_onnx_model(), x))
+        np.testing.assert_array_equal(device.predict(x), direct_outputs(make_onnx_model(), x))
         assert device.model_file == MODEL_FILE and device.release.version == 3
         assert _sandbox_children() == [device.runtime.pid]  # the prestarted child serves; no other
         assert device.runtime.loaded_from_stage  # the model crossed while its hash was checked
@@ -103,7 +98,7 @@ def test_tampered_new_release_refused_and_last_good_served(trust_dir, release_di
     x = sample_inputs(3)
     with boot_last_good(trust_dir, state) as device:
         assert device.release.version == 3
-        np.testing.assert_array_equal(device.predict(x), _direct(make_onnx_model(), x))
+        np.testing.assert_array_equal(device.predict(x), direct_outputs(make_onnx_model(), x))
 
 
 def test_newer_release_updates_state_and_rollback_is_refused(trust_dir, release_dir, enclave, tmp_path):
@@ -226,4 +221,4 @@ def test_a_staging_failure_only_costs_time(trust_dir, release_dir, tmp_path, mon
     x = sample_inputs(3)
     with boot(trust_dir, release_dir, tmp_path / "device") as device:
         assert not device.runtime.loaded_from_stage
-        np.testing.assert_array_equal(device.predict(x), _direct(make_onnx_model(), x))
+        np.testing.assert_array_equal(device.predict(x), direct_outputs(make_onnx_model(), x))

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import onnxruntime as ort
 import pytest
-from conftest import make_onnx_model, sample_inputs
+from conftest import direct_outputs, make_onnx_model, sample_inputs
 
 from sealfl.enclave.errors import RuntimeSandboxError
 from sealfl.common.sandbox import SandboxedRuntime
@@ -252,17 +252,20 @@ def test_the_pipe_to_the_child_is_widened_where_the_kernel_allows():
 _OTHER_W = np.array([[1.0], [-1.0], [0.5], [2.0]], dtype=np.float32)
 
 
-def _direct(model: bytes, x: np.ndarray) -> np.ndarray:
-    return ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+def _stage_then_load(staged: bytes, loaded: bytes, x: np.ndarray) -> tuple[bool, np.ndarray]:
+    """Prestart, stage ``staged``, load ``loaded``: (whether the staged copy was used, the
+    model's output on ``x``)."""
+    with SandboxedRuntime.prestart() as rt:
+        rt.stage(staged)
+        rt.load(loaded)
+        return rt.loaded_from_stage, rt.run({"x": x})[0]
 
 
 def test_load_of_the_staged_object_sends_no_bytes_and_runs_that_model():
     model, x = make_onnx_model(_OTHER_W), sample_inputs(5)
-    with SandboxedRuntime.prestart() as rt:
-        rt.stage(model)
-        rt.load(model)
-        assert rt.loaded_from_stage
-        np.testing.assert_array_equal(rt.run({"x": x})[0], _direct(model, x))
+    from_stage, y = _stage_then_load(model, model, x)
+    assert from_stage
+    np.testing.assert_array_equal(y, direct_outputs(model, x))
 
 
 @pytest.mark.parametrize("staged", [make_onnx_model(), b"\x00garbage, never parsed"], ids=["other-model", "garbage"])
@@ -270,12 +273,10 @@ def test_load_of_another_object_runs_that_one_not_the_staged_bytes(staged):
     """What load() gets is what runs -- a staged object that is not the one verified (a
     different model, or bytes that would not parse) is dropped unparsed."""
     model, x = make_onnx_model(_OTHER_W), sample_inputs(5)
-    with SandboxedRuntime.prestart() as rt:
-        rt.stage(staged)
-        rt.load(bytes(bytearray(model)))  # equal content, another object: sent again
-        assert not rt.loaded_from_stage
-        np.testing.assert_array_equal(rt.run({"x": x})[0], _direct(model, x))
-        assert not np.array_equal(_direct(model, x), _direct(make_onnx_model(), x))  # the models differ
+    from_stage, y = _stage_then_load(staged, bytes(bytearray(model)), x)  # equal content, another object
+    assert not from_stage
+    np.testing.assert_array_equal(y, direct_outputs(model, x))
+    assert not np.array_equal(direct_outputs(model, x), direct_outputs(make_onnx_model(), x))  # the models differ
 
 
 def test_a_staged_model_that_does_not_parse_fails_at_load_and_stops_the_child():
@@ -350,8 +351,7 @@ def test_a_bad_request_leaves_the_stream_in_step():
             with pytest.raises(RuntimeSandboxError):
                 rt.request(header, blobs, **kw)
             assert rt.alive
-        np.testing.assert_array_equal(rt.run({"x": x})[0], ort.InferenceSession(
-            make_onnx_model(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0])
+        np.testing.assert_array_equal(rt.run({"x": x})[0], direct_outputs(make_onnx_model(), x))
         with pytest.raises(RuntimeSandboxError, match="strings"):
             rt.run({1: x, "x": x})
 
@@ -454,11 +454,9 @@ def test_without_a_memory_file_staging_does_nothing_and_load_sends_the_bytes(mon
 
     monkeypatch.setattr(sandbox.MemfdStage, "create", classmethod(lambda cls: None))
     model, x = make_onnx_model(_OTHER_W), sample_inputs(4)
-    with SandboxedRuntime.prestart() as rt:
-        rt.stage(model)
-        rt.load(model)
-        assert not rt.loaded_from_stage
-        np.testing.assert_array_equal(rt.run({"x": x})[0], _direct(model, x))
+    from_stage, y = _stage_then_load(model, model, x)
+    assert not from_stage
+    np.testing.assert_array_equal(y, direct_outputs(model, x))
 
 
 def test_the_stage_file_is_sealed_once_written():
@@ -493,11 +491,9 @@ def test_a_stage_file_changed_before_its_seal_is_not_used(monkeypatch):
 
     monkeypatch.setattr(sandbox_stage.fcntl, "fcntl", tamper_then_seal)
     model, x = make_onnx_model(_OTHER_W), sample_inputs(3)
-    with SandboxedRuntime.prestart() as rt:
-        rt.stage(model)
-        rt.load(model)
-        assert not rt.loaded_from_stage
-        np.testing.assert_array_equal(rt.run({"x": x})[0], _direct(model, x))
+    from_stage, y = _stage_then_load(model, model, x)
+    assert not from_stage
+    np.testing.assert_array_equal(y, direct_outputs(model, x))
 
 
 def test_the_stage_file_never_takes_a_standard_descriptor():

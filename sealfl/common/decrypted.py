@@ -128,16 +128,15 @@ def update_share(params, n: int, declared_total: int, weighting: str) -> np.ndar
     if not (isinstance(n, (int, np.integer)) and isinstance(declared_total, (int, np.integer))
             and 1 <= n <= declared_total):
         raise DecryptedValueError(f"cannot weight an update by {n!r} of {declared_total!r} rows")
-    if weighting not in WEIGHTINGS:
-        raise DecryptedValueError(f"unknown update weighting {weighting!r}")
+    clip = upload_clip(weighting)  # raises for an unknown weighting
     w = np.asarray(params, dtype=np.float64)
-    if weighting == "count":
+    if clip is None:
         return w * float(int(n))
-    over = int(np.count_nonzero(np.abs(w) > PACKED.clip))
+    over = int(np.count_nonzero(np.abs(w) > clip))
     if over:
         log.warning("clipped %d of %d parameters to ±%g before weighting (the packed BFV layout's range)",
-                    over, w.size, PACKED.clip)
-        w = np.clip(w, -PACKED.clip, PACKED.clip)
+                    over, w.size, clip)
+        w = np.clip(w, -clip, clip)
     return w * (int(n) / int(declared_total))
 
 

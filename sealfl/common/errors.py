@@ -29,3 +29,10 @@ class RuntimeSandboxError(SealflError):
     crashed, exceeded its memory limit, or timed out. Raised by
     :class:`sealfl.common.sandbox.SandboxedRuntime`, which devices and partners (scoring
     release candidates) share; re-exported by :mod:`sealfl.enclave.errors`."""
+
+
+def short_repr(value, limit: int = 60) -> str:
+    """``repr(value)`` cut to about ``limit`` characters, for error messages about hostile
+    input (a config may hold a 400-digit int or a megabyte string)."""
+    r = repr(value)
+    return r if len(r) <= limit else r[:max(limit - 3, 1)] + "..."

@@ -20,7 +20,8 @@ import stat
 import tempfile
 import time
 
-from .errors import RuntimeSandboxError
+from .errors import RuntimeSandboxError, short_repr
+from .procs import read_stat
 
 __all__ = ["MAX_TIMEOUT_S", "MIN_MEMORY_LIMIT_BYTES", "check_options", "check_timeout", "private_dir",
            "remove_private_dir", "sweep_stale_dirs"]
@@ -42,13 +43,9 @@ _held: dict[str, int] = {}
 
 
 def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError, ValueError):
-        return True  # someone else's process (or not a pid we can ask about): leave it
-    return True
+    """A live, non-zombie process has this pid here (:func:`sealfl.common.procs.read_stat`)."""
+    st = read_stat(pid)
+    return st is not None and st.state not in ("Z", "X")
 
 
 def sweep_stale_dirs(tmp: str | None = None) -> list[str]:
@@ -135,7 +132,7 @@ def check_options(memory_limit_bytes, timeout_s, start_timeout_s, intra_op_threa
     m = memory_limit_bytes
     if isinstance(m, bool) or not isinstance(m, int) or (m != 0 and not MIN_MEMORY_LIMIT_BYTES <= m < 1 << 50):
         raise RuntimeSandboxError(f"memory_limit_bytes must be 0 (no limit) or a whole number of bytes in "
-                                  f"[{MIN_MEMORY_LIMIT_BYTES} (16 MiB), 2^50), got {_cut(m)}")
+                                  f"[{MIN_MEMORY_LIMIT_BYTES} (16 MiB), 2^50), got {short_repr(m)}")
     check_timeout(timeout_s, "timeout_s")
     check_timeout(start_timeout_s, "start_timeout_s")
     n = intra_op_threads
@@ -155,10 +152,5 @@ def check_timeout(t, label: str = "timeout") -> float:
     except OverflowError:
         ok = False
     if not ok:
-        raise RuntimeSandboxError(f"{label} must be a number of seconds in (0, {MAX_TIMEOUT_S:g}], got {_cut(t)}")
+        raise RuntimeSandboxError(f"{label} must be a number of seconds in (0, {MAX_TIMEOUT_S:g}], got {short_repr(t)}")
     return float(t)
-
-
-def _cut(v, limit: int = 60) -> str:
-    r = repr(v)
-    return r if len(r) <= limit else r[:limit] + "..."

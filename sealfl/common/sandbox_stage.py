@@ -106,10 +106,6 @@ class MemfdStage:
             return False
         return model_bytes is self._obj
 
-    @property
-    def size(self) -> int:
-        return len(self._obj) if self._obj is not None else 0
-
     def close(self, *, forked: bool = False) -> None:
         """Wait for a write in progress, drop the bytes and close the file (the kernel frees
         it once the child has closed its copy too). ``forked``: in a fork()ed copy of the

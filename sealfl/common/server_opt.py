@@ -64,7 +64,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .decrypted import round_to_grid
-from .errors import DecryptedValueError, SealflError
+from .errors import DecryptedValueError, SealflError, short_repr
 
 __all__ = ["OPTIMIZERS", "ServerOpt", "ServerOptError"]
 
@@ -123,19 +123,19 @@ class ServerOpt:
     def __post_init__(self):
         name = self.name.strip().lower() if isinstance(self.name, str) else None
         if name not in OPTIMIZERS:
-            raise ServerOptError(f"unknown server optimizer {_show(self.name)}; choose one of {', '.join(OPTIMIZERS)}")
+            raise ServerOptError(f"unknown server optimizer {short_repr(self.name)}; choose one of {', '.join(OPTIMIZERS)}")
         object.__setattr__(self, "name", name)
         if self.lr is None:
             object.__setattr__(self, "lr", 0.1 if name == "fedadam" else 1.0)
         for key, (lo, hi, hi_in) in RANGES.items():
             v = getattr(self, key)
             if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
-                raise ServerOptError(f"server optimizer setting {KEYS[key]} must be a number, got {_show(v)}")
+                raise ServerOptError(f"server optimizer setting {KEYS[key]} must be a number, got {short_repr(v)}")
             try:
                 v = float(v) + 0.0  # + 0.0: -0.0 is 0.0 (one setting, one tag)
             except (OverflowError, ValueError, TypeError):
                 raise ServerOptError(f"server optimizer setting {KEYS[key]} must be a finite number, "
-                                     f"got {_show(v)}") from None
+                                     f"got {short_repr(v)}") from None
             if not math.isfinite(v):
                 raise ServerOptError(f"server optimizer setting {KEYS[key]} must be a finite number, got {v!r}")
             if not (lo <= v <= hi if hi_in else lo <= v < hi):
@@ -315,19 +315,13 @@ class ServerOpt:
         return round_to_grid(x_new, grid_bits), np.concatenate([state, self.settings_tag()])
 
 
-def _show(v, limit: int = 60) -> str:
-    """``repr(v)`` cut to ``limit`` characters (a hostile config may hold a 400-digit int)."""
-    r = repr(v)
-    return r if len(r) <= limit else r[:limit] + f"... ({len(r)} characters)"
-
-
 def _check_step_args(mean, n_params, grid_bits, clip, abs_max) -> tuple[int, np.ndarray]:
     """(P, mean as float64 (n,)) for :meth:`ServerOpt.step`, or DecryptedValueError for
     arguments that cannot be a key holder's (the caller's bug or a corrupt decryption)."""
     def whole(v, lo, hi, label):
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral) or not lo <= v <= hi:
             raise DecryptedValueError(f"server optimizer step: {label} must be a whole number in [{lo}, {hi}], "
-                                      f"got {_show(v)}")
+                                      f"got {short_repr(v)}")
         return int(v)
 
     P = whole(n_params, 1, 1 << 40, "n_params")
@@ -336,7 +330,7 @@ def _check_step_args(mean, n_params, grid_bits, clip, abs_max) -> tuple[int, np.
         if v is not None and (isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real)
                               or not (math.isfinite(v) and v > 0)):
             raise DecryptedValueError(f"server optimizer step: {label} must be None or a positive finite number, "
-                                      f"got {_show(v)}")
+                                      f"got {short_repr(v)}")
     arr = np.asarray(mean)
     if arr.dtype.kind not in "fiu":
         raise DecryptedValueError(f"server optimizer step: the aggregate must be real numbers, got dtype {arr.dtype}")

@@ -95,17 +95,29 @@ def finished_checkpoint(campaign_dir: str | Path) -> dict:
     return ckpt
 
 
+def _train_section(campaign_dir: str | Path) -> dict:
+    """The ``train`` object of a campaign's ``server_config.json``. Raises OSError
+    (FileNotFoundError if there is none), or ValueError if it is not JSON or holds no
+    ``train`` object."""
+    import json
+
+    path = CampaignDir(campaign_dir).config_path
+    try:
+        cfg = json.loads(path.read_text())
+    except RecursionError as exc:
+        raise ValueError(f"{path} nests too deeply") from exc
+    train = cfg.get("train") if isinstance(cfg, dict) else None
+    if not isinstance(train, dict):
+        raise ValueError(f"{path} has no 'train' object")
+    return train
+
+
 def campaign_train_config(campaign_dir: str | Path) -> dict:
     """The training settings the campaign sent its partners (its ``server_config.json``),
     so the gate's partners tokenise their text as they did; {} if unreadable."""
-    import json
-
     try:
-        cfg = json.loads(CampaignDir(campaign_dir).config_path.read_text())
-        train = cfg.get("train") if isinstance(cfg, dict) else None
-    except (OSError, ValueError, RecursionError):
-        return {}
-    if not isinstance(train, dict):
+        train = _train_section(campaign_dir)
+    except (OSError, ValueError):
         return {}
     return {k: v for k, v in train.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
 
@@ -122,23 +134,18 @@ def campaign_server_opt(campaign_dir: str | Path, *, missing_ok: bool = True) ->
             ``train`` section is not an object, a ``server-*`` key is unknown, or a
             setting is bad.
     """
-    import json
-
     from sealfl.common.server_opt import KEYS
 
     path = CampaignDir(campaign_dir).config_path
     try:
-        cfg = json.loads(path.read_text())
+        train = _train_section(campaign_dir)
     except FileNotFoundError as exc:
         if not missing_ok:
             raise ServerOptError(f"cannot read the campaign's server optimizer: {path} is missing") from exc
         log.warning("%s is missing: opening the aggregate as FedAvg's", path)
         return ServerOpt()
-    except (OSError, ValueError, RecursionError) as exc:
-        raise ServerOptError(f"cannot read the campaign's server optimizer from {path}: {exc}") from exc
-    train = cfg.get("train") if isinstance(cfg, dict) else None
-    if not isinstance(train, dict):
-        raise ServerOptError(f"{path} has no 'train' object naming the campaign's server optimizer")
+    except (OSError, ValueError) as exc:
+        raise ServerOptError(f"cannot read the campaign's server optimizer: {exc}") from exc
     unknown = sorted(k for k in train if isinstance(k, str) and k.startswith("server-")
                      and k not in KEYS.values() and k != "server-round")
     if unknown:

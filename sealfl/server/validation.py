@@ -38,7 +38,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord
 
 from sealfl.common import protocol as P
-from sealfl.common.errors import CiphertextError
+from sealfl.common.errors import CiphertextError, short_repr
 from sealfl.common.codecs import Codec
 from sealfl.common.framed import PACKED, WIDE, Layout
 
@@ -123,7 +123,7 @@ def check_count(value: Any, field: str, *, lo: int = 1, hi: int) -> int:
     float (even 201.0 -- a partner sends counts as ints), NaN, a string or a list is
     refused. Raises ReplyError(field, reason)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise ReplyError(field, f"must be an integer, got {type(value).__name__} {_short(value)}")
+        raise ReplyError(field, f"must be an integer, got {type(value).__name__} {short_repr(value, 40)}")
     v = int(value)
     if not lo <= v <= hi:
         raise ReplyError(field, f"{v} is outside [{lo}, {hi}]")
@@ -134,18 +134,13 @@ def check_real(value: Any, field: str, *, lo: float, hi: float) -> float:
     """``value`` as a finite float in ``[lo, hi]`` (ints are accepted as reals; bools,
     strings, lists, NaN and infinities are not). Raises ReplyError(field, reason)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ReplyError(field, f"must be a number, got {type(value).__name__} {_short(value)}")
+        raise ReplyError(field, f"must be a number, got {type(value).__name__} {short_repr(value, 40)}")
     v = float(value)
     if not math.isfinite(v):
         raise ReplyError(field, f"{v} is not finite")
     if not lo <= v <= hi:
         raise ReplyError(field, f"{v} is outside [{lo:g}, {hi:g}]")
     return v
-
-
-def _short(value: Any) -> str:
-    r = repr(value)
-    return r if len(r) <= 40 else r[:37] + "..."
 
 
 # ---- records -----------------------------------------------------------------------------
