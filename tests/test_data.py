@@ -115,3 +115,41 @@ def test_kind_undocumented_values_name_row_column_value(tmp_path, col, value):
         load_partitions(path=_rewrite(tmp_path, poison))
     msg = str(exc.value)
     assert "row 6" in msg and "id='5'" in msg and repr(col) in msg and repr(value) in msg
+
+
+def test_kind_a_caller_changing_its_arrays_leaves_the_next_load_intact():
+    """Loads are served from a per-process cache: what one caller does to its arrays must not
+    reach the next caller (the reference is a second load from a fresh parse)."""
+    a = load_partitions()
+    ref = [p.x_train.copy() for p in a]
+    for p in a:
+        p.x_train[:] = -1.0
+        p.y_test[:] = 7.0
+    b = load_partitions()
+    for p, x in zip(b, ref):
+        np.testing.assert_array_equal(p.x_train, x)
+        assert set(np.unique(p.y_test)) <= {0.0, 1.0}
+
+
+def test_kind_a_file_changed_in_place_is_parsed_again(tmp_path):
+    """The cache is keyed by the file's identity and state: rewriting the same path (same
+    inode) with one more incomplete row, or with a bad cell, is seen on the next load."""
+    path = _rewrite(tmp_path, lambda r: None)
+    before = load_partitions(path=path)
+    rows = list(csv.DictReader(open(path, newline="")))
+    rows[0]["chol"] = "?"  # the first row is now incomplete
+    with open(path, "r+", newline="") as fh:  # in place: same inode
+        fh.truncate(0)
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    after = load_partitions(path=path)
+    assert sum(p.n_train + len(p.y_test) for p in after) == sum(p.n_train + len(p.y_test) for p in before) - 1
+    rows[1]["sex"] = "M"  # undocumented: refused, every time
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    for _ in range(2):
+        with pytest.raises(DataError, match="'sex'"):
+            load_partitions(path=path)
