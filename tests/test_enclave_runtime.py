@@ -47,7 +47,8 @@ def test_child_environment_is_minimal_and_has_no_forbidden_imports():
     with SandboxedRuntime(make_onnx_model()) as rt:
         with open(f"/proc/{rt.pid}/environ", "rb") as fh:
             env = dict(item.split(b"=", 1) for item in fh.read().split(b"\0") if item)
-        assert set(env) <= {b"PATH", b"LC_ALL", b"OMP_NUM_THREADS", b"OPENBLAS_NUM_THREADS", b"MKL_NUM_THREADS", b"HOME"}
+        assert set(env) <= {b"PATH", b"LC_ALL", b"OMP_NUM_THREADS", b"OPENBLAS_NUM_THREADS", b"MKL_NUM_THREADS", b"HOME",
+                            b"GLIBC_TUNABLES"}
         assert env[b"HOME"] == rt.homedir.encode()  # its own private directory, not the user's home
         with open(f"/proc/{rt.pid}/cmdline", "rb") as fh:
             cmdline = fh.read().split(b"\0")

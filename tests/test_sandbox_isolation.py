@@ -46,8 +46,10 @@ def test_kind_default_limit_env_and_fds(tmp_path):
         line = next(x for x in limits.splitlines() if x.startswith("Max address space"))
         assert str(TABULAR_MEMORY_LIMIT_BYTES) in line and TABULAR_MEMORY_LIMIT_BYTES == 1_200_000_000
         env = open(f"/proc/{rt.pid}/environ", "rb").read().split(b"\0")
-        assert sorted(e.split(b"=")[0] for e in env if e) == [b"HOME", b"LC_ALL", b"MKL_NUM_THREADS",
+        assert sorted(e.split(b"=")[0] for e in env if e) == [b"GLIBC_TUNABLES", b"HOME", b"LC_ALL", b"MKL_NUM_THREADS",
                                                               b"OMP_NUM_THREADS", b"OPENBLAS_NUM_THREADS", b"PATH"]
+        # malloc advises transparent huge pages (glibc manual, "Memory Allocation Tunables")
+        assert b"GLIBC_TUNABLES=glibc.malloc.hugetlb=1" in env
         fds = sorted(int(f) for f in os.listdir(f"/proc/{rt.pid}/fd"))
         # stdin/stdout/stderr (pipes + stderr file) and the protocol dup; nothing inherited beyond
         targets = [os.readlink(f"/proc/{rt.pid}/fd/{f}") for f in fds]

@@ -54,6 +54,16 @@ DEFAULT_MEMORY_LIMIT_BYTES = 4 * 1024**3
 TABULAR_MEMORY_LIMIT_BYTES = 1_200_000_000
 
 
+#: glibc malloc tunable for the child (glibc manual, "Memory Allocation Tunables":
+#: ``glibc.malloc.hugetlb=1``, glibc >= 2.35, makes malloc ``madvise(MADV_HUGEPAGE)`` its
+#: mappings). Building a session copies the model three or four times into fresh memory;
+#: with 4 KiB pages that is one page fault per 4 KiB, with transparent huge pages one per
+#: 2 MiB: a 100 MB session builds in ~0.12 s instead of ~0.27 s here. Where THP is
+#: "never" or glibc is older, ld.so ignores it. Same as the parent's own large reads
+#: (:func:`sealfl.attestation.bigread.read_new_bytes`).
+CHILD_GLIBC_TUNABLES = "glibc.malloc.hugetlb=1"
+
+
 def _minimal_env() -> dict[str, str]:
     return {
         "PATH": "/usr/bin:/bin",
@@ -61,6 +71,7 @@ def _minimal_env() -> dict[str, str]:
         "OMP_NUM_THREADS": "1",
         "OPENBLAS_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
+        "GLIBC_TUNABLES": CHILD_GLIBC_TUNABLES,
     }
 
 
