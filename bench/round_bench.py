@@ -23,10 +23,11 @@ partner required).
   server optimizers the key holders apply (:mod:`sealfl.common.server_opt`: FedAvgM with
   momentum 0.9, FedAdam with Flower's defaults), encrypted and in plaintext;
 - **P2.<config>_aggregator_floor** = (plaintext round + the encrypted run's extra
-  aggregation time) / plaintext round, medians: the lowest round ratio the encrypted run
-  could reach even if partners encrypted and decrypted for free, since the aggregator's
-  sum (validation, parse, add) runs between the train and evaluate phases with nothing
-  to overlap it;
+  aggregation time after the last reply arrived) / plaintext round, medians: the lowest
+  round ratio the encrypted run could reach even if partners encrypted and decrypted for
+  free. Replies are checked and added as they arrive (:mod:`sealfl.server.streaming`);
+  what is left after the last one runs between the train and evaluate phases with
+  nothing to overlap it;
 - **P2.<config>_cpu_estimate** = (plaintext round + the extra aggregation time + the
   partners' crypto CPU seconds / cores) / plaintext round, medians: the round ratio to
   expect on this machine if every partner's encryption (each partner, once) and
@@ -66,8 +67,10 @@ def _median_round(seconds: list[float]) -> float:
 
 
 def _aggregator_floor(enc: dict, plain: dict) -> float | None:
-    """(plaintext round + extra aggregation seconds) / plaintext round, from medians."""
-    a, b = [x for x in enc["aggregate_seconds"] if x is not None], [x for x in plain["aggregate_seconds"] if x is not None]
+    """(plaintext round + extra aggregation seconds after the last reply) / plaintext
+    round, from medians."""
+    key = "aggregate_after_last_reply_seconds"
+    a, b = [x for x in enc[key] if x is not None], [x for x in plain[key] if x is not None]
     if not a or not b:
         return None
     t = _median_round(plain["round_seconds"])
@@ -139,6 +142,7 @@ def run(only: list[str]) -> dict:
                     "wall_seconds": time.perf_counter() - t0,
                     "round_seconds": [r["round_seconds"] for r in recs],
                     "aggregate_seconds": [r.get("aggregate_seconds") for r in recs],
+                    "aggregate_after_last_reply_seconds": [r.get("aggregate_after_last_reply_seconds") for r in recs],
                     "bytes_in_per_round": recs[-1].get("ciphertext_bytes_in"),
                     "pooled_test_accuracy": recs[-1]["pooled_test_accuracy"],
                     "coordinator_peak_rss_bytes": res.coordinator_peak_rss_bytes,

@@ -42,6 +42,7 @@ from .bookkeeping import CampaignDir
 from .errors import NotEnoughPartnersError, SecretKeyPresentError
 from .intake import Roster, screen
 from .strategy import EncryptedFedAvg
+from .streaming import StreamingGrid
 from .validation import ReplyLimits, parse_stats_reply
 
 log = logging.getLogger(__name__)
@@ -172,6 +173,7 @@ def run_server(grid: Grid, cfg: ServerConfig) -> None:
             raise SecretKeyPresentError(f"{cfg.public_context} holds a HE secret key")
         roster = cfg.roster()
         limits = cfg.limits()
+        grid = StreamingGrid(grid)  # replies are checked and added as they arrive
         t0 = time.perf_counter()
         stats_ct, declared = stats_round(grid, codec, cfg, rlog, roster)
         rlog.set_status(stats_seconds=time.perf_counter() - t0)

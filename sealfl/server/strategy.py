@@ -73,6 +73,19 @@ def connected_partner_nodes(grid: Grid, roster: Roster, min_partners: int, wait_
         time.sleep(POLL_S)
 
 
+def aggregate_timing(replies: Iterable[Message], t0: float) -> dict[str, float]:
+    """Seconds of a round's aggregation begun at ``time.perf_counter()`` = ``t0``, for the
+    round log: ``aggregate_seconds`` (checking and adding, without the waits for replies
+    of a :class:`~sealfl.server.streaming.ReplyStream`) and ``aggregate_after_last_reply_seconds``
+    (from the last reply's arrival -- or ``t0``, for replies that all came at once -- to now:
+    the part no partner's work overlaps)."""
+    now = time.perf_counter()
+    waited = float(getattr(replies, "waited_s", 0.0))
+    last = getattr(replies, "last_arrival", None)
+    return {"aggregate_seconds": now - t0 - waited,
+            "aggregate_after_last_reply_seconds": now - (last if last is not None and last > t0 else t0)}
+
+
 class EncryptedFedAvg(FedAvg):
     """FedAvg over HE ciphertexts (CKKS or packed BFV).
 
@@ -184,7 +197,7 @@ class EncryptedFedAvg(FedAvg):
             self.round_log.note(
                 accepted=accepted, rejected=rejected, total_weight=total, train_loss=loss,
                 ciphertext_bytes_in=bytes_in, aggregate_bytes=len(model_ct),
-                fp32_bytes_per_update=4 * self.n_params, aggregate_seconds=time.perf_counter() - t0,
+                fp32_bytes_per_update=4 * self.n_params, **aggregate_timing(replies, t0),
             )
             self.round_log.stage_checkpoint(server_round, model_ct, total, self.stats_ct)
         log.info("round %d: added %d ciphertexts (%d bytes), rejected %d", server_round, len(accepted), bytes_in, len(rejected))

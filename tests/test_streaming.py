@@ -1,0 +1,141 @@
+"""StreamingGrid / ReplyStream: a round's replies reach the aggregator while later ones are
+still outstanding, with Flower's end conditions (all answered, or the timeout).
+
+The grid here is a real subclass of flwr's ``Grid`` ABC whose replies become available on
+a script (the i-th pull releases what the script says), so each test knows exactly what a
+pull can return; the real InMemoryGrid path runs in every Ray campaign test."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+from flwr.serverapp import Grid
+
+from sealfl.server.streaming import DEFAULT_PULL_INTERVAL_S, ReplyStream, StreamingGrid
+from sealfl.server.strategy import aggregate_timing
+
+
+def _reply(msg_id: str, tag: str):
+    return SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=msg_id), tag=tag)
+
+
+class ScriptedGrid(Grid):
+    """``release[k]``: the message ids whose replies become available at the k-th pull
+    (counted from 0); each reply is returned once, as flwr's grids delete what they return."""
+
+    def __init__(self, release: dict[int, list[str]], pull_interval: float | None = None):
+        self.release = release
+        self.pulls = 0
+        self.events: list[str] = []
+        self.pushed: list = []
+        self._ready: dict[str, object] = {}
+        if pull_interval is not None:
+            self.pull_interval = pull_interval
+
+    # the abstract parts a ServerApp's grid has; unused here
+    def set_run(self, run):  # pragma: no cover
+        raise NotImplementedError
+
+    @property
+    def run(self):  # pragma: no cover
+        raise NotImplementedError
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):  # pragma: no cover
+        raise NotImplementedError
+
+    def get_node_ids(self):
+        return [1, 2, 3]
+
+    def send_and_receive(self, messages, *, timeout=None):  # pragma: no cover - the wrapper must not call it
+        raise AssertionError("StreamingGrid called the wrapped send_and_receive")
+
+    def push_messages(self, messages):
+        self.pushed = list(messages)
+        self.events.append("push")
+        return [m for m in self.pushed]
+
+    def pull_messages(self, message_ids):
+        wanted = set(message_ids)
+        for mid in self.release.get(self.pulls, []):
+            self._ready[mid] = _reply(mid, f"reply-{mid}")
+        self.events.append(f"pull{self.pulls}")
+        self.pulls += 1
+        out = [self._ready.pop(m) for m in list(self._ready) if m in wanted]
+        return out
+
+
+def test_kind_each_reply_reaches_the_consumer_before_later_ones_exist():
+    grid = ScriptedGrid({0: ["a"], 2: ["b"], 4: ["c"]}, pull_interval=0.001)
+    stream = StreamingGrid(grid).send_and_receive(["a", "b", "c"], timeout=10)
+    assert grid.events == ["push"]  # pushed at once, nothing pulled before iteration
+    for reply in stream:
+        grid.events.append(f"got {reply.tag}")
+    assert grid.events == ["push", "pull0", "got reply-a", "pull1", "pull2", "got reply-b", "pull3", "pull4",
+                           "got reply-c"]  # and no pull after the last reply
+    assert stream.received == 3 and not stream.pending
+
+
+def test_kind_the_stream_ends_at_the_timeout_with_what_came():
+    grid = ScriptedGrid({0: ["a"]}, pull_interval=0.01)
+    t0 = time.monotonic()
+    stream = StreamingGrid(grid).send_and_receive(["a", "b"], timeout=0.3)
+    got = [r.tag for r in stream]
+    took = time.monotonic() - t0
+    assert got == ["reply-a"] and stream.pending == {"b"}
+    assert 0.3 <= took < 5.0
+    # pulled at most once per interval: 0.3 s / 0.01 s, plus the first pull
+    assert grid.pulls <= 0.3 / 0.01 + 2
+
+
+def test_kind_waits_are_counted_apart_from_the_consumers_time():
+    grid = ScriptedGrid({0: ["a"], 5: ["b"]}, pull_interval=0.02)
+    stream = StreamingGrid(grid).send_and_receive(["a", "b"], timeout=10)
+    t0 = time.perf_counter()
+    for _ in stream:
+        time.sleep(0.2)  # the consumer's own work
+    total = time.perf_counter() - t0
+    # 5 pulls after the first: at least ~4 intervals waited; the consumer's 0.4 s is not a wait
+    assert stream.waited_s >= 4 * 0.02 * 0.5
+    assert stream.waited_s <= total - 0.4 + 0.01
+    # ... and a pull follows the consumer's time without a further full interval
+    assert stream.last_arrival is not None and stream.last_arrival > t0
+    timing = aggregate_timing(stream, t0)
+    assert timing["aggregate_seconds"] == pytest.approx(total - stream.waited_s, abs=0.05)
+    assert timing["aggregate_after_last_reply_seconds"] >= 0.2 - 0.01  # the consumer's work on the last reply
+
+
+def test_kind_a_list_of_replies_counts_all_its_time_as_aggregation():
+    t0 = time.perf_counter()
+    time.sleep(0.05)
+    timing = aggregate_timing([_reply("a", "x")], t0)
+    assert timing["aggregate_seconds"] >= 0.05 and timing["aggregate_after_last_reply_seconds"] >= 0.05
+
+
+def test_kind_a_stream_is_iterated_once():
+    grid = ScriptedGrid({0: ["a"]}, pull_interval=0.001)
+    stream = StreamingGrid(grid).send_and_receive(["a"], timeout=1)
+    list(stream)
+    with pytest.raises(RuntimeError, match="only once"):
+        iter(stream)
+
+
+def test_kind_pull_cadence_follows_the_wrapped_grid():
+    assert StreamingGrid(ScriptedGrid({}, pull_interval=0.25)).interval_s == 0.25
+    assert StreamingGrid(ScriptedGrid({})).interval_s == DEFAULT_PULL_INTERVAL_S == 3.0  # flwr's deployment grids
+    assert StreamingGrid(ScriptedGrid({}), interval_s=0.5).interval_s == 0.5
+
+
+def test_kind_a_grid_that_is_not_a_flower_grid_is_called_as_it_is():
+    class Double:
+        def send_and_receive(self, messages, *, timeout=None):
+            return ["as-is", list(messages), timeout]
+
+        def get_node_ids(self):
+            return [7]
+
+    g = StreamingGrid(Double())
+    assert g.send_and_receive(iter(["m"]), timeout=3) == ["as-is", ["m"], 3]
+    assert g.get_node_ids() == [7]  # everything else is the wrapped grid's
+    assert not isinstance(g.send_and_receive([], timeout=1), ReplyStream)
