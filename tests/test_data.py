@@ -9,6 +9,7 @@ complete rows after dropping slope/ca/thal, but splits them 304/260/46/130 per h
 
 import csv
 import math
+import os
 
 import numpy as np
 import pytest
@@ -132,24 +133,41 @@ def test_kind_a_caller_changing_its_arrays_leaves_the_next_load_intact():
 
 
 def test_kind_a_file_changed_in_place_is_parsed_again(tmp_path):
-    """The cache is keyed by the file's identity and state: rewriting the same path (same
-    inode) with one more incomplete row, or with a bad cell, is seen on the next load."""
+    """The cache is keyed by the file's bytes: rewriting the same path (same inode) with one
+    more incomplete row, with a same-size edit under the old mtime, or with a bad cell, is
+    seen on the next load."""
     path = _rewrite(tmp_path, lambda r: None)
     before = load_partitions(path=path)
     rows = list(csv.DictReader(open(path, newline="")))
+
+    def write(mode="w"):
+        st = os.stat(path)
+        with open(path, mode, newline="") as fh:
+            fh.truncate(0)
+            w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        return st
+
     rows[0]["chol"] = "?"  # the first row is now incomplete
-    with open(path, "r+", newline="") as fh:  # in place: same inode
-        fh.truncate(0)
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write("r+")  # in place: same inode
     after = load_partitions(path=path)
     assert sum(p.n_train + len(p.y_test) for p in after) == sum(p.n_train + len(p.y_test) for p in before) - 1
-    rows[1]["sex"] = "M"  # undocumented: refused, every time
-    with open(path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    # same size, mtime put back: a stat-keyed cache would serve the old split
+    complete = [k for k, r in enumerate(rows)
+                if k > 0 and all(v != "" for c, v in r.items() if c not in ("slope", "ca", "thal"))]
+    i = next(k for k in complete if 10 <= int(rows[k]["age"]) < 99)
+    old_age = rows[i]["age"]
+    rows[i]["age"] = str(int(old_age) + 1)
+    assert len(rows[i]["age"]) == len(old_age)
+    st = write("r+")
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(path).st_size == st.st_size and os.stat(path).st_mtime_ns == st.st_mtime_ns
+    edited = load_partitions(path=path)
+    ages = lambda parts: sorted(float(a) for p in parts for a in np.concatenate([p.x_train[:, 0], p.x_test[:, 0]]))
+    assert ages(edited) != ages(after)
+    rows[complete[1]]["sex"] = "M"  # undocumented: refused, every time
+    write()
     for _ in range(2):
         with pytest.raises(DataError, match="'sex'"):
             load_partitions(path=path)
