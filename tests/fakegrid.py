@@ -3,8 +3,11 @@ handlers (tests/faults_partner.py), no Ray -- so a whole campaign
 (:func:`sealfl.server.app.run_server`) runs in a few seconds and a test can make nodes
 leave, stay silent, or have the SuperLink answer for them.
 
-Like flwr 1.42's ``InMemoryGrid.push_messages``, :meth:`FakeGrid.send_and_receive` sets
-each pushed message's id in place; replies are built by the handlers with
+It is a Flower ``Grid``, so the ServerApp reads its replies through
+:class:`sealfl.server.streaming.ReplyStream`: :meth:`FakeGrid.push_messages` delivers the
+messages (handlers run at once) and :meth:`FakeGrid.pull_messages` hands their replies
+out, each once, as flwr's grids do; :meth:`FakeGrid.send_and_receive` does both in one call.
+Like flwr 1.42's ``InMemoryGrid.push_messages``, pushing sets each message's id in place; replies are built by the handlers with
 ``Message(content, reply_to=msg)``; a node that is not connected gets the error reply
 the SuperLink itself writes (``create_message_error_unavailable_res_message``, source
 node id 1).
@@ -16,6 +19,7 @@ from typing import Callable
 from uuid import uuid4
 
 from flwr.app import Context, Message, RecordDict
+from flwr.serverapp import Grid
 from flwr.server.superlink.linkstate.utils import create_message_error_unavailable_res_message
 
 import faults_partner
@@ -23,7 +27,7 @@ import faults_partner
 
 
 
-class FakeGrid:
+class FakeGrid(Grid):
     """Nodes ``node_ids[i]`` run partition ``i``.
 
     Attributes:
@@ -49,14 +53,42 @@ class FakeGrid:
         self.sent: list[Message] = []
         self.on_round: Callable[["FakeGrid", str], None] | None = None
         self.after_round: Callable[["FakeGrid", str], None] | None = None
+        self.pull_interval = 0.001  # seconds between a ReplyStream's pulls
+        self.pulls = 0
+        self._ready: dict[str, list[Message]] = {}
         self._ctx = {nid: Context(run_id=1, node_id=nid, node_config={"partition-id": i}, state=RecordDict(),
                                   run_config={}) for i, nid in enumerate(self.node_ids)}
+
+    # the parts of flwr's Grid a ServerApp here does not use
+    def set_run(self, run):  # pragma: no cover
+        raise NotImplementedError
+
+    @property
+    def run(self):  # pragma: no cover
+        raise NotImplementedError
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):  # pragma: no cover
+        raise NotImplementedError
 
     def get_node_ids(self):
         return sorted(self.connected)
 
-    def send_and_receive(self, messages, *, timeout=None):
+    def push_messages(self, messages):
+        """Deliver ``messages`` (see :meth:`_deliver`); their replies wait for :meth:`pull_messages`."""
         messages = list(messages)
+        for reply in self._deliver(messages):
+            self._ready.setdefault(reply.metadata.reply_to_message_id, []).append(reply)
+        return [m.metadata.message_id for m in messages]
+
+    def pull_messages(self, message_ids):
+        """The waiting replies to ``message_ids``, each handed out once."""
+        self.pulls += 1
+        return [r for mid in list(message_ids) for r in self._ready.pop(mid, [])]
+
+    def send_and_receive(self, messages, *, timeout=None):
+        return self._deliver(list(messages))
+
+    def _deliver(self, messages):
         if messages and self.on_round is not None:
             self.on_round(self, messages[0].metadata.message_type)
         out = []

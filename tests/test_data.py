@@ -171,3 +171,15 @@ def test_kind_a_file_changed_in_place_is_parsed_again(tmp_path):
     for _ in range(2):
         with pytest.raises(DataError, match="'sex'"):
             load_partitions(path=path)
+
+
+@pytest.mark.parametrize("seed", [1.9, "7", np.float64(2.0), None])
+def test_kind_a_seed_that_is_not_an_integer_is_refused(seed):
+    with pytest.raises(TypeError):
+        load_partitions(seed=seed)
+
+
+def test_numpy_integer_seeds_give_the_same_split():
+    a, b = load_partitions(seed=43), load_partitions(seed=np.int64(43))
+    for p, q in zip(a, b):
+        np.testing.assert_array_equal(p.x_test, q.x_test)

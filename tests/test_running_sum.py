@@ -41,8 +41,13 @@ def test_kind_running_sum_equals_numpy_and_skips_refused_replies(codecs):
     running = RunningSum(public, length)
     limits = ReplyLimits()
     for i, f in enumerate(frames):
-        parse_train_reply(_reply(f, ns[i]), codec=public, length=length, limits=limits, declared_n=ns[i],
-                          signed=False, running=running)
+        r = parse_train_reply(_reply(f, ns[i]), codec=public, length=length, limits=limits, declared_n=ns[i],
+                              signed=False, running=running)
+        # added into the sum, its bytes are not kept (one sum per round, not one update per partner)
+        assert (r.frame, r.chunks, r.nbytes, r.n) == (b"", [], len(f), ns[i])
+    kept = parse_train_reply(_reply(frames[0], ns[0]), codec=public, length=length, limits=limits,
+                             declared_n=ns[0], signed=False)
+    assert kept.frame == frames[0] and kept.nbytes == len(frames[0]) and kept.chunks
     # refused replies: a wrong count, then a corrupted frame -- neither may reach the sum
     with pytest.raises(ReplyError):
         parse_train_reply(_reply(frames[0], 99), codec=public, length=length, limits=limits, declared_n=ns[0],

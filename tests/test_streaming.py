@@ -139,3 +139,68 @@ def test_kind_a_grid_that_is_not_a_flower_grid_is_called_as_it_is():
     assert g.send_and_receive(iter(["m"]), timeout=3) == ["as-is", ["m"], 3]
     assert g.get_node_ids() == [7]  # everything else is the wrapped grid's
     assert not isinstance(g.send_and_receive([], timeout=1), ReplyStream)
+
+
+class SlowConsumerGrid(ScriptedGrid):
+    """Replies become available at fixed times after the push (seconds), whatever the pulls."""
+
+    def __init__(self, at: dict[str, float], pull_interval: float):
+        super().__init__({}, pull_interval)
+        self.at = at
+        self.done: set[str] = set()
+
+    def push_messages(self, messages):
+        self.t_push = time.monotonic()
+        return super().push_messages(messages)
+
+    def pull_messages(self, message_ids):
+        now = time.monotonic() - self.t_push
+        for mid, t in self.at.items():
+            if t <= now and mid not in self._ready and mid not in self.done:
+                self._ready[mid] = _reply(mid, f"reply-{mid}")
+        self.pulls += 1
+        out = [self._ready.pop(m) for m in list(self._ready) if m in set(message_ids)]
+        self.done.update(r.metadata.reply_to_message_id for r in out)
+        return out
+
+
+def test_kind_replies_that_came_in_time_are_taken_though_the_consumer_was_busy_past_the_deadline():
+    """Flower's send_and_receive keeps pulling until the deadline; the stream's consumer may be
+    busy across it. Replies that reached the grid before the deadline are still returned."""
+    grid = SlowConsumerGrid({"a": 0.0, "b": 0.1, "c": 0.2}, pull_interval=0.02)
+    stream = StreamingGrid(grid).send_and_receive(["a", "b", "c"], timeout=0.5)
+    got = []
+    for r in stream:
+        got.append(r.tag)
+        if r.tag == "reply-a":
+            time.sleep(0.7)  # past the deadline; b and c arrived meanwhile
+    assert sorted(got) == ["reply-a", "reply-b", "reply-c"] and not stream.pending
+
+
+def test_kind_a_partner_that_never_answers_is_not_counted_as_aggregation():
+    grid = ScriptedGrid({0: ["a", "b"]}, pull_interval=0.01)
+    t0 = time.perf_counter()
+    stream = StreamingGrid(grid).send_and_receive(["a", "b", "never"], timeout=0.3)
+    for _ in stream:
+        time.sleep(0.02)
+    timing = aggregate_timing(stream, t0)
+    assert stream.pending == {"never"} and stream.waited_after_last_s >= 0.2
+    # the consumer spent ~0.04 s; the 0.3 s timeout is waiting, not aggregation
+    assert timing["aggregate_seconds"] < 0.15 and timing["aggregate_after_last_reply_seconds"] < 0.15
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), -1.0, "5"])
+def test_kind_a_timeout_that_is_not_a_finite_number_of_seconds_is_refused(timeout):
+    grid = ScriptedGrid({}, pull_interval=0.01)
+    with pytest.raises(ValueError, match="timeout"):
+        StreamingGrid(grid).send_and_receive(["a"], timeout=timeout)
+    assert grid.events == []  # refused before anything was pushed
+
+
+def test_kind_a_wrapper_can_be_copied():
+    import copy
+    import pickle
+
+    g = StreamingGrid(ScriptedGrid({}, pull_interval=0.5))
+    assert copy.copy(g).interval_s == 0.5 and copy.deepcopy(g).get_node_ids() == [1, 2, 3]
+    assert pickle.loads(pickle.dumps(g)).interval_s == 0.5

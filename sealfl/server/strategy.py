@@ -77,13 +77,16 @@ def aggregate_timing(replies: Iterable[Message], t0: float) -> dict[str, float]:
     """Seconds of a round's aggregation begun at ``time.perf_counter()`` = ``t0``, for the
     round log: ``aggregate_seconds`` (checking and adding, without the waits for replies
     of a :class:`~sealfl.server.streaming.ReplyStream`) and ``aggregate_after_last_reply_seconds``
-    (from the last reply's arrival -- or ``t0``, for replies that all came at once -- to now:
-    the part no partner's work overlaps)."""
+    (from the last reply's arrival -- or ``t0``, for replies that all came at once -- to now,
+    without waits for partners that never answered: the part no partner's work overlaps)."""
     now = time.perf_counter()
     waited = float(getattr(replies, "waited_s", 0.0))
     last = getattr(replies, "last_arrival", None)
-    return {"aggregate_seconds": now - t0 - waited,
-            "aggregate_after_last_reply_seconds": now - (last if last is not None and last > t0 else t0)}
+    if last is None or last <= t0:  # nothing arrived in the stream, or a list: all came at once
+        last, waited_after = t0, waited
+    else:
+        waited_after = float(getattr(replies, "waited_after_last_s", 0.0))
+    return {"aggregate_seconds": now - t0 - waited, "aggregate_after_last_reply_seconds": now - last - waited_after}
 
 
 class EncryptedFedAvg(FedAvg):
@@ -186,7 +189,7 @@ class EncryptedFedAvg(FedAvg):
         model_ct = running.frame()
         total = sum(r.n for r in upd.values())
         loss = float(sum(r.loss * r.n for r in upd.values()) / total)
-        bytes_in = sum(len(r.frame) for r in upd.values())
+        bytes_in = sum(r.nbytes for r in upd.values())
         record = ArrayRecord({
             P.MODEL_CT: Array(P.to_u8(model_ct)),
             P.MODEL_WEIGHT: Array(np.array([total], dtype=np.float64)),

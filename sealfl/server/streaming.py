@@ -4,7 +4,7 @@ partners still working.
 Flower's ``Grid.send_and_receive`` (flwr 1.42: ``InMemoryGrid`` and the deployment grid)
 pushes a round's messages, then collects *every* reply in a list before it returns, so
 the aggregator starts checking and adding ciphertexts only after the slowest partner
-answered, and holds all replies in memory at once. :class:`StreamingGrid` wraps a Grid:
+answered. :class:`StreamingGrid` wraps a Grid:
 its ``send_and_receive`` pushes the messages at once (``Grid.push_messages``) and
 returns a :class:`ReplyStream` that pulls (``Grid.pull_messages``) only while it is
 iterated and yields each reply as soon as a pull returns it. :class:`EncryptedFedAvg
@@ -13,7 +13,8 @@ iteration (:func:`sealfl.server.intake.screen`), so by the time the last partner
 the others' ciphertexts are already checked and added into the running sum.
 
 The stream keeps Flower's semantics: it ends when every pushed message has a reply or
-``timeout`` seconds after the push (``None``: no limit), and it pulls at most as often as
+``timeout`` seconds after the push (``None``: no limit; at 0 it still pulls once, where
+Flower's loop does not pull at all), and it pulls at most as often as
 the wrapped grid does (``InMemoryGrid.pull_interval``, 0.1 s; the deployment grid's 3 s
 otherwise). A grid that is not a Flower ``Grid`` (a test double) is called as
 it is.
@@ -22,6 +23,7 @@ it is.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -30,30 +32,52 @@ from flwr.serverapp import Grid
 
 log = logging.getLogger(__name__)
 
-#: seconds between pulls for a grid that does not say (flwr 1.42 ``GrpcGrid``/``HttpGrid``
-#: sleep 3 s between pulls in their own ``send_and_receive``)
+#: seconds between pulls for a grid that does not say (flwr 1.42's ``HttpGrid``, the
+#: deployment grid, sleeps 3 s between pulls in its own ``send_and_receive``)
 DEFAULT_PULL_INTERVAL_S = 3.0
+
+
+def check_times(timeout: Any, interval_s: Any) -> None:
+    """Raises ValueError unless ``timeout`` is None or a finite number >= 0 and
+    ``interval_s`` a finite number > 0 (seconds)."""
+    def number(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    if timeout is not None and not (number(timeout) and timeout >= 0):
+        raise ValueError(f"timeout must be None or a finite number of seconds >= 0, got {timeout!r}")
+    if not (number(interval_s) and interval_s > 0):
+        raise ValueError(f"the pull interval must be a finite number of seconds > 0, got {interval_s!r}")
 
 
 class ReplyStream:
     """The replies to one round's pushed messages, pulled while iterated (once).
 
+    A reply that reaches the SuperLink before the deadline is returned even when the
+    consumer was busy past it: the deadline is looked at before each pull, and once it
+    passed there is one last pull, without a sleep.
+
     Attributes:
-        waited_s: seconds spent inside iteration waiting for replies (pulls that returned
-            nothing new and the sleeps between them), as opposed to time the consumer spent
-            on the replies it was given.
+        waited_s: seconds spent inside iteration waiting for replies (pulls and the sleeps
+            between them), as opposed to time the consumer spent on the replies it was given.
+        waited_after_last_s: the part of ``waited_s`` after the last reply arrived (e.g.
+            waiting for a partner that never answers).
         last_arrival: ``time.perf_counter()`` when the last reply was pulled (None before).
         received: replies yielded so far.
         pending: message ids still without a reply.
+    Raises:
+        ValueError: ``timeout`` is not None and not a finite number >= 0, or ``interval_s``
+            is not a finite number > 0.
     """
 
     def __init__(self, grid: Any, message_ids: Iterable[str], timeout: float | None, interval_s: float):
+        check_times(timeout, interval_s)
         self._grid = grid
         self.pending = set(message_ids)
         self._deadline = None if timeout is None else time.monotonic() + float(timeout)
         self._interval = float(interval_s)
         self._started = False
         self.waited_s = 0.0
+        self.waited_after_last_s = 0.0
         self.last_arrival: float | None = None
         self.received = 0
 
@@ -63,28 +87,36 @@ class ReplyStream:
         self._started = True
         return self._pull()
 
+    def _wait(self, seconds: float) -> None:
+        self.waited_s += seconds
+        self.waited_after_last_s += seconds
+
     def _pull(self) -> Iterator[Any]:
         while self.pending:
-            t0 = t_pull = time.perf_counter()
+            last_pull = self._deadline is not None and time.monotonic() >= self._deadline
+            t_pull = time.perf_counter()
             got = list(self._grid.pull_messages(self.pending))
             # every pulled reply is yielded, also one that answers no pending id: the
             # consumer (intake.screen) names and refuses it
             self.pending.difference_update(m.metadata.reply_to_message_id for m in got)
+            self._wait(time.perf_counter() - t_pull)
             if got:
                 self.last_arrival = time.perf_counter()
-            self.waited_s += time.perf_counter() - t0
+                self.waited_after_last_s = 0.0
             for msg in got:
                 self.received += 1
                 yield msg
-            del got
+            got = []
             if not self.pending:
                 return
-            if self._deadline is not None and time.monotonic() >= self._deadline:
+            if last_pull:
                 log.debug("reply stream: %d message(s) unanswered at the timeout", len(self.pending))
                 return
+            if self._deadline is not None and time.monotonic() >= self._deadline:
+                continue  # the consumer's work reached the deadline: one last pull, now
             t0 = time.perf_counter()  # pull at most every interval, not interval + the consumer's time
             time.sleep(max(0.0, self._interval - (t0 - t_pull)))
-            self.waited_s += time.perf_counter() - t0
+            self._wait(time.perf_counter() - t0)
 
 
 class StreamingGrid:
@@ -103,13 +135,17 @@ class StreamingGrid:
                                 else getattr(grid, "pull_interval", DEFAULT_PULL_INTERVAL_S))
 
     def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet (copy/pickle build the object without __init__)
+            raise AttributeError(name)
         return getattr(self.inner, name)
 
     def send_and_receive(self, messages: Iterable[Any], *, timeout: float | None = None) -> Iterable[Any]:
         """Push ``messages`` now; return their replies as a :class:`ReplyStream` (a Flower
-        ``Grid``) or as the wrapped object's own ``send_and_receive`` returns them."""
+        ``Grid``) or as the wrapped object's own ``send_and_receive`` returns them.
+        Raises ValueError (nothing pushed) for a timeout :func:`check_times` refuses."""
         if not isinstance(self.inner, Grid):
             return self.inner.send_and_receive(messages, timeout=timeout)
+        check_times(timeout, self.interval_s)  # before anything is pushed
         ids = list(self.inner.push_messages(messages))
         del messages
         return ReplyStream(self.inner, ids, timeout, self.interval_s)

@@ -89,12 +89,16 @@ class ReplyLimits:
 @dataclass(frozen=True)
 class TrainReply:
     """A checked train reply: ``frame`` (the update's ciphertext frame, bytes),
-    ``chunks`` (its canonical chunks), ``n`` (int) and ``loss`` (float)."""
+    ``chunks`` (its canonical chunks), ``n`` (int), ``loss`` (float) and ``nbytes`` (the
+    frame's size in bytes). When the reply was added into a :class:`RunningSum`,
+    ``frame`` is ``b""`` and ``chunks`` empty: its bytes are not kept, so a round holds
+    one sum, not one update per partner."""
 
     frame: bytes
     chunks: list[bytes]
     n: int
     loss: float
+    nbytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -231,7 +235,8 @@ def parse_train_reply(content: Any, *, codec: Codec, length: int, limits: ReplyL
         declared_n: the ``n`` this partner declared in the statistics round.
         signed: whether the ``partner`` record must carry a signature.
         running: if given, the update's parsed chunks are added to it once every check
-            passed (the ciphertext is checked last), so the round's sum needs no second parse.
+            passed (the ciphertext is checked last), so the round's sum needs no second
+            parse, and the returned reply keeps no ciphertext bytes.
     Raises:
         ReplyError: naming the field and the reason.
     """
@@ -246,10 +251,11 @@ def parse_train_reply(content: Any, *, codec: Codec, length: int, limits: ReplyL
     field = f"{P.UPDATE}.{P.UPDATE_CT}"
     frame = check_u8_array(content[P.UPDATE][P.UPDATE_CT], field, codec.params.max_frame_bytes(length))
     parsed: list = []
-    reply = TrainReply(frame, check_frame(codec, frame, length, field, parsed=parsed), n, loss)
-    if running is not None:  # every check passed: nothing after this can refuse the reply
-        running.add(parsed)
-    return reply
+    chunks = check_frame(codec, frame, length, field, parsed=parsed)
+    if running is None:
+        return TrainReply(frame, chunks, n, loss, len(frame))
+    running.add(parsed)  # every check passed: nothing after this can refuse the reply
+    return TrainReply(b"", [], n, loss, len(frame))
 
 
 def parse_stats_reply(content: Any, *, codec: Codec, length: int, limits: ReplyLimits,
