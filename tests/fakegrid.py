@@ -27,7 +27,21 @@ import faults_partner
 
 
 
-class FakeGrid(Grid):
+class StubGrid(Grid):
+    """flwr's ``Grid`` with the parts a ServerApp here does not use left unimplemented."""
+
+    def set_run(self, run):  # pragma: no cover
+        raise NotImplementedError
+
+    @property
+    def run(self):  # pragma: no cover
+        raise NotImplementedError
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):  # pragma: no cover
+        raise NotImplementedError
+
+
+class FakeGrid(StubGrid):
     """Nodes ``node_ids[i]`` run partition ``i``.
 
     Attributes:
@@ -58,17 +72,6 @@ class FakeGrid(Grid):
         self._ready: dict[str, list[Message]] = {}
         self._ctx = {nid: Context(run_id=1, node_id=nid, node_config={"partition-id": i}, state=RecordDict(),
                                   run_config={}) for i, nid in enumerate(self.node_ids)}
-
-    # the parts of flwr's Grid a ServerApp here does not use
-    def set_run(self, run):  # pragma: no cover
-        raise NotImplementedError
-
-    @property
-    def run(self):  # pragma: no cover
-        raise NotImplementedError
-
-    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):  # pragma: no cover
-        raise NotImplementedError
 
     def get_node_ids(self):
         return sorted(self.connected)

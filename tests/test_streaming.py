@@ -11,8 +11,8 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from flwr.serverapp import Grid
 
+from fakegrid import StubGrid
 from sealfl.server.streaming import DEFAULT_PULL_INTERVAL_S, ReplyStream, StreamingGrid
 from sealfl.server.strategy import aggregate_timing
 
@@ -21,7 +21,7 @@ def _reply(msg_id: str, tag: str):
     return SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=msg_id), tag=tag)
 
 
-class ScriptedGrid(Grid):
+class ScriptedGrid(StubGrid):
     """``release[k]``: the message ids whose replies become available at the k-th pull
     (counted from 0); each reply is returned once, as flwr's grids delete what they return."""
 
@@ -33,17 +33,6 @@ class ScriptedGrid(Grid):
         self._ready: dict[str, object] = {}
         if pull_interval is not None:
             self.pull_interval = pull_interval
-
-    # the abstract parts a ServerApp's grid has; unused here
-    def set_run(self, run):  # pragma: no cover
-        raise NotImplementedError
-
-    @property
-    def run(self):  # pragma: no cover
-        raise NotImplementedError
-
-    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):  # pragma: no cover
-        raise NotImplementedError
 
     def get_node_ids(self):
         return [1, 2, 3]
