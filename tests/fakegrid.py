@@ -6,7 +6,7 @@ leave, stay silent, or have the SuperLink answer for them.
 It is a Flower ``Grid``, so the ServerApp reads its replies through
 :class:`sealfl.server.streaming.ReplyStream`: :meth:`FakeGrid.push_messages` delivers the
 messages (handlers run at once) and :meth:`FakeGrid.pull_messages` hands their replies
-out, each once, as flwr's grids do; :meth:`FakeGrid.send_and_receive` does both in one call.
+out, each once, as flwr's grids do.
 Like flwr 1.42's ``InMemoryGrid.push_messages``, pushing sets each message's id in place; replies are built by the handlers with
 ``Message(content, reply_to=msg)``; a node that is not connected gets the error reply
 the SuperLink itself writes (``create_message_error_unavailable_res_message``, source
@@ -89,6 +89,8 @@ class FakeGrid(StubGrid):
         return [r for mid in list(message_ids) for r in self._ready.pop(mid, [])]
 
     def send_and_receive(self, messages, *, timeout=None):
+        """Deliver ``messages`` and return their replies at once (no pull; ``timeout``
+        unused: handlers run synchronously). A ServerApp here reads replies by push/pull."""
         return self._deliver(list(messages))
 
     def _deliver(self, messages):

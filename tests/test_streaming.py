@@ -193,3 +193,41 @@ def test_kind_a_wrapper_can_be_copied():
     g = StreamingGrid(ScriptedGrid({}, pull_interval=0.5))
     assert copy.copy(g).interval_s == 0.5 and copy.deepcopy(g).get_node_ids() == [1, 2, 3]
     assert pickle.loads(pickle.dumps(g)).interval_s == 0.5
+
+
+class SlowPullGrid(ScriptedGrid):
+    """Each pull takes ``pull_s`` seconds (a deployment grid downloading replies); records
+    when each pull starts and ends."""
+
+    def __init__(self, pull_s: float, pull_interval: float):
+        super().__init__({}, pull_interval)
+        self.pull_s, self.spans = pull_s, []
+
+    def pull_messages(self, message_ids):
+        t0 = time.monotonic()
+        time.sleep(self.pull_s)
+        self.spans.append((t0, time.monotonic()))
+        return super().pull_messages(message_ids)
+
+
+def test_kind_a_slow_pull_is_still_followed_by_a_full_interval():
+    grid = SlowPullGrid(pull_s=0.06, pull_interval=0.05)
+    list(StreamingGrid(grid).send_and_receive(["never"], timeout=0.5))
+    gaps = [b[0] - a[1] for a, b in zip(grid.spans, grid.spans[1:-1])]  # the last pull may come at the deadline
+    assert gaps and min(gaps) >= 0.05 * 0.9
+
+
+def test_kind_the_stream_does_not_sleep_past_the_deadline():
+    grid = ScriptedGrid({}, pull_interval=3.0)  # flwr's deployment cadence
+    t0 = time.monotonic()
+    stream = StreamingGrid(grid).send_and_receive(["never"], timeout=0.2)
+    assert list(stream) == [] and stream.pending == {"never"}
+    assert time.monotonic() - t0 < 2.0  # not the 3 s interval
+    assert grid.pulls == 2  # the first pull and the last one at the deadline
+
+
+def test_numpy_numbers_are_timeouts_too():
+    import numpy as np
+
+    for t in (np.int64(1), np.float32(0.5), np.float64(0.5)):
+        list(StreamingGrid(ScriptedGrid({0: ["a"]}, pull_interval=0.01)).send_and_receive(["a"], timeout=t))

@@ -86,7 +86,9 @@ def aggregate_timing(replies: Iterable[Message], t0: float) -> dict[str, float]:
         last, waited_after = t0, waited
     else:
         waited_after = float(getattr(replies, "waited_after_last_s", 0.0))
-    return {"aggregate_seconds": now - t0 - waited, "aggregate_after_last_reply_seconds": now - last - waited_after}
+    # never below 0 (a stream partly read before t0 would count waits that t0 does not span)
+    return {"aggregate_seconds": max(0.0, now - t0 - waited),
+            "aggregate_after_last_reply_seconds": max(0.0, now - last - waited_after)}
 
 
 class EncryptedFedAvg(FedAvg):

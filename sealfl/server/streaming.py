@@ -14,9 +14,10 @@ the others' ciphertexts are already checked and added into the running sum.
 
 The stream keeps Flower's semantics: it ends when every pushed message has a reply or
 ``timeout`` seconds after the push (``None``: no limit; at 0 it still pulls once, where
-Flower's loop does not pull at all), and it pulls at most as often as
-the wrapped grid does (``InMemoryGrid.pull_interval``, 0.1 s; the deployment grid's 3 s
-otherwise). A grid that is not a Flower ``Grid`` (a test double) is called as
+Flower's loop does not pull at all), and between the end of one pull and the next it
+leaves the wrapped grid's interval (``InMemoryGrid.pull_interval``, 0.1 s; the deployment
+grid's 3 s otherwise), counting the aggregator's own work on the replies towards it, and
+never sleeps past the deadline. A grid that is not a Flower ``Grid`` (a test double) is called as
 it is.
 """
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -41,7 +43,7 @@ def check_times(timeout: Any, interval_s: Any) -> None:
     """Raises ValueError unless ``timeout`` is None or a finite number >= 0 and
     ``interval_s`` a finite number > 0 (seconds)."""
     def number(x: Any) -> bool:
-        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+        return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
 
     if timeout is not None and not (number(timeout) and timeout >= 0):
         raise ValueError(f"timeout must be None or a finite number of seconds >= 0, got {timeout!r}")
@@ -94,12 +96,13 @@ class ReplyStream:
     def _pull(self) -> Iterator[Any]:
         while self.pending:
             last_pull = self._deadline is not None and time.monotonic() >= self._deadline
-            t_pull = time.perf_counter()
+            t0 = time.perf_counter()
             got = list(self._grid.pull_messages(self.pending))
             # every pulled reply is yielded, also one that answers no pending id: the
             # consumer (intake.screen) names and refuses it
             self.pending.difference_update(m.metadata.reply_to_message_id for m in got)
-            self._wait(time.perf_counter() - t_pull)
+            pulled = time.perf_counter()
+            self._wait(pulled - t0)
             if got:
                 self.last_arrival = time.perf_counter()
                 self.waited_after_last_s = 0.0
@@ -114,8 +117,13 @@ class ReplyStream:
                 return
             if self._deadline is not None and time.monotonic() >= self._deadline:
                 continue  # the consumer's work reached the deadline: one last pull, now
-            t0 = time.perf_counter()  # pull at most every interval, not interval + the consumer's time
-            time.sleep(max(0.0, self._interval - (t0 - t_pull)))
+            # an interval between the end of one pull and the next (the consumer's time counts
+            # towards it), and no sleep past the deadline: the last pull comes right at it
+            t0 = time.perf_counter()
+            pause = self._interval - (t0 - pulled)
+            if self._deadline is not None:
+                pause = min(pause, self._deadline - time.monotonic())
+            time.sleep(max(0.0, pause))
             self._wait(time.perf_counter() - t0)
 
 

@@ -98,7 +98,7 @@ class TrainReply:
     chunks: list[bytes]
     n: int
     loss: float
-    nbytes: int = 0
+    nbytes: int
 
 
 @dataclass(frozen=True)
