@@ -67,7 +67,7 @@ class FakeGrid(StubGrid):
         self.sent: list[Message] = []
         self.on_round: Callable[["FakeGrid", str], None] | None = None
         self.after_round: Callable[["FakeGrid", str], None] | None = None
-        self.pull_interval = 0.001  # seconds between a ReplyStream's pulls
+        self.pull_interval = 0.01  # seconds between a ReplyStream's pulls
         self.pulls = 0
         self._ready: dict[str, list[Message]] = {}
         self._ctx = {nid: Context(run_id=1, node_id=nid, node_config={"partition-id": i}, state=RecordDict(),
