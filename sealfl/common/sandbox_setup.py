@@ -22,6 +22,7 @@ import time
 
 from .errors import RuntimeSandboxError, short_repr
 from .procs import read_stat
+from .seconds import MAX_SECONDS, is_seconds
 
 __all__ = ["MAX_TIMEOUT_S", "MIN_MEMORY_LIMIT_BYTES", "check_options", "check_timeout", "private_dir",
            "remove_private_dir", "sweep_stale_dirs"]
@@ -141,16 +142,12 @@ def check_options(memory_limit_bytes, timeout_s, start_timeout_s, intra_op_threa
 
 
 #: the longest wait accepted (seconds; about 11.6 days): longer ones overflow time_t deadlines
-MAX_TIMEOUT_S = 1e6
+MAX_TIMEOUT_S = MAX_SECONDS
 
 
 def check_timeout(t, label: str = "timeout") -> float:
     """``t`` as float seconds if it is a real number in (0, :data:`MAX_TIMEOUT_S`], else
     RuntimeSandboxError naming ``label``."""
-    try:
-        ok = not isinstance(t, bool) and isinstance(t, (int, float)) and 0 < float(t) <= MAX_TIMEOUT_S
-    except OverflowError:
-        ok = False
-    if not ok:
+    if not is_seconds(t, hi=MAX_TIMEOUT_S):
         raise RuntimeSandboxError(f"{label} must be a number of seconds in (0, {MAX_TIMEOUT_S:g}], got {short_repr(t)}")
     return float(t)

@@ -23,6 +23,7 @@ from typing import Callable
 from sealfl.clients.tasks import get_task
 from sealfl.common.errors import SealflError
 from sealfl.common.procs import identity
+from sealfl.common.seconds import MAX_SECONDS, is_seconds
 from sealfl.common.server_opt import ServerOpt
 from sealfl.server.app import ServerConfig
 from sealfl.server.bookkeeping import CampaignDir
@@ -105,9 +106,9 @@ def check_spec(spec: CampaignSpec, num_partners: int, min_partners: int) -> None
         raise CampaignError(f"learning rate must be a positive finite number, got {spec.lr}")
     if isinstance(spec.max_examples, bool) or not isinstance(spec.max_examples, int) or spec.max_examples < 1:
         raise CampaignError(f"max_examples must be a positive integer, got {spec.max_examples!r}")
-    t = spec.timeout_s
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and 0 < t <= 1e6):
-        raise CampaignError(f"the reply timeout must be a number of seconds in (0, 1e6], got {t!r}")
+    if not is_seconds(spec.timeout_s):
+        raise CampaignError(f"the reply timeout must be a number of seconds in (0, {MAX_SECONDS:g}], "
+                            f"got {spec.timeout_s!r}")
     if not (math.isfinite(spec.cpus_per_partner) and spec.cpus_per_partner > 0):
         raise CampaignError(f"cpus per partner must be a positive finite number, got {spec.cpus_per_partner}")
     mu = spec.proximal_mu

@@ -24,13 +24,13 @@ it is.
 from __future__ import annotations
 
 import logging
-import math
-import numbers
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from flwr.serverapp import Grid
+
+from sealfl.common.seconds import MAX_SECONDS, is_seconds
 
 log = logging.getLogger(__name__)
 
@@ -40,15 +40,12 @@ DEFAULT_PULL_INTERVAL_S = 3.0
 
 
 def check_times(timeout: Any, interval_s: Any) -> None:
-    """Raises ValueError unless ``timeout`` is None or a finite number >= 0 and
-    ``interval_s`` a finite number > 0 (seconds)."""
-    def number(x: Any) -> bool:
-        return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
-
-    if timeout is not None and not (number(timeout) and timeout >= 0):
-        raise ValueError(f"timeout must be None or a finite number of seconds >= 0, got {timeout!r}")
-    if not (number(interval_s) and interval_s > 0):
-        raise ValueError(f"the pull interval must be a finite number of seconds > 0, got {interval_s!r}")
+    """Raises ValueError unless ``timeout`` is None or a number of seconds in [0, 1e6]
+    and ``interval_s`` one in (0, 1e6] (:func:`sealfl.common.seconds.is_seconds`)."""
+    if timeout is not None and not is_seconds(timeout, zero_ok=True):
+        raise ValueError(f"timeout must be None or a number of seconds in [0, {MAX_SECONDS:g}], got {timeout!r}")
+    if not is_seconds(interval_s):
+        raise ValueError(f"the pull interval must be a number of seconds in (0, {MAX_SECONDS:g}], got {interval_s!r}")
 
 
 class ReplyStream:
@@ -67,8 +64,7 @@ class ReplyStream:
         received: replies yielded so far.
         pending: message ids still without a reply.
     Raises:
-        ValueError: ``timeout`` is not None and not a finite number >= 0, or ``interval_s``
-            is not a finite number > 0.
+        ValueError: a ``timeout`` or ``interval_s`` that :func:`check_times` refuses.
     """
 
     def __init__(self, grid: Any, message_ids: Iterable[str], timeout: float | None, interval_s: float):
@@ -104,7 +100,7 @@ class ReplyStream:
             pulled = time.perf_counter()
             self._wait(pulled - t0)
             if got:
-                self.last_arrival = time.perf_counter()
+                self.last_arrival = pulled
                 self.waited_after_last_s = 0.0
             for msg in got:
                 self.received += 1
