@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from fakegrid import StubGrid
-from sealfl.server.streaming import DEFAULT_PULL_INTERVAL_S, ReplyStream, StreamingGrid
+from sealfl.server.streaming import DEFAULT_PULL_INTERVAL_S, StreamingGrid
 from sealfl.server.strategy import aggregate_timing
 
 
@@ -116,18 +116,10 @@ def test_kind_pull_cadence_follows_the_wrapped_grid():
     assert StreamingGrid(ScriptedGrid({}), interval_s=0.5).interval_s == 0.5
 
 
-def test_kind_a_grid_that_is_not_a_flower_grid_is_called_as_it_is():
-    class Double:
-        def send_and_receive(self, messages, *, timeout=None):
-            return ["as-is", list(messages), timeout]
-
-        def get_node_ids(self):
-            return [7]
-
-    g = StreamingGrid(Double())
-    assert g.send_and_receive(iter(["m"]), timeout=3) == ["as-is", ["m"], 3]
-    assert g.get_node_ids() == [7]  # everything else is the wrapped grid's
-    assert not isinstance(g.send_and_receive([], timeout=1), ReplyStream)
+def test_everything_but_send_and_receive_is_the_wrapped_grids():
+    inner = ScriptedGrid({}, pull_interval=0.5)
+    g = StreamingGrid(inner)
+    assert g.get_node_ids() == [1, 2, 3] and g.pull_interval == 0.5 and g.inner is inner
 
 
 class SlowConsumerGrid(ScriptedGrid):

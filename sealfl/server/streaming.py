@@ -17,8 +17,8 @@ The stream keeps Flower's semantics: it ends when every pushed message has a rep
 Flower's loop does not pull at all), and between the end of one pull and the next it
 leaves the wrapped grid's interval (``InMemoryGrid.pull_interval``, 0.1 s; the deployment
 grid's 3 s otherwise), counting the aggregator's own work on the replies towards it, and
-never sleeps past the deadline. A grid that is not a Flower ``Grid`` (a test double) is called as
-it is.
+never sleeps past the deadline. The wrapped grid needs Flower's ``push_messages`` and
+``pull_messages`` (every ``flwr.serverapp.Grid`` has them; so does the tests' FakeGrid).
 """
 
 from __future__ import annotations
@@ -27,8 +27,6 @@ import logging
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
-
-from flwr.serverapp import Grid
 
 from sealfl.common.seconds import MAX_SECONDS, is_seconds
 
@@ -144,11 +142,8 @@ class StreamingGrid:
         return getattr(self.inner, name)
 
     def send_and_receive(self, messages: Iterable[Any], *, timeout: float | None = None) -> Iterable[Any]:
-        """Push ``messages`` now; return their replies as a :class:`ReplyStream` (a Flower
-        ``Grid``) or as the wrapped object's own ``send_and_receive`` returns them.
+        """Push ``messages`` now; return their replies as a :class:`ReplyStream`.
         Raises ValueError (nothing pushed) for a timeout :func:`check_times` refuses."""
-        if not isinstance(self.inner, Grid):
-            return self.inner.send_and_receive(messages, timeout=timeout)
         check_times(timeout, self.interval_s)  # before anything is pushed
         ids = list(self.inner.push_messages(messages))
         del messages
