@@ -68,7 +68,7 @@ DEVICE_RUNTIME_MODULES: tuple[str, ...] = ATTESTATION_MODULES + tuple(
               "doctor", "measure", "measured", "provision", "sealed_blob", "sim", "slots", "tee", "tpm", "tpm_tools",
               "openai_api", "serve", "serve_app", "serve_metrics", "serve_state")
 ) + tuple(f"sealfl.common.{m}" for m in ("sandbox", "sandbox_child", "sandbox_pipe", "sandbox_setup", "sandbox_stage", "llm_decode",
-                                     "testpoints", "procs")) + tuple(
+                                     "testpoints", "procs", "seconds")) + tuple(
     f"sealfl.kbs.{m}" for m in ("__init__", "atrest", "client", "errors", "wrap"))
 
 
