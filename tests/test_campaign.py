@@ -109,10 +109,10 @@ def test_bad_settings_fail_before_ray_starts(consortium, tmp_path):
     t0 = time.perf_counter()
     for kw, words in [({"min_partners": 9}, "min_partners=9"), ({"lr": float("nan")}, "learning rate"),
                       ({"timeout_s": float("nan")}, "reply timeout"), ({"timeout_s": 0}, "reply timeout"),
-                      ({"timeout_s": "600"}, "reply timeout"),
+                      ({"timeout_s": "600"}, "reply timeout"), ({"rounds": 10**20}, "more than 100,000"),
                       ({"ray_address": "127.0.0.1:1"}, "cannot reach the Ray cluster")]:
         with pytest.raises((CampaignError, SimulationError), match=words):
-            run_campaign(CampaignSpec(str(consortium.dir), str(tmp_path / "c"), rounds=1, **kw))
+            run_campaign(CampaignSpec(str(consortium.dir), str(tmp_path / "c"), **{"rounds": 1, **kw}))
     assert time.perf_counter() - t0 < 30  # no Ray start-up, no minutes of GCS retries
 
 

@@ -95,10 +95,17 @@ class CampaignResult:
     coordinator_peak_rss_bytes: int | None = None
 
 
+#: most rounds one campaign may ask for (Flower's own examples run tens to hundreds)
+MAX_ROUNDS = 100_000
+
+
 def check_spec(spec: CampaignSpec, num_partners: int, min_partners: int) -> None:
     """Refuse settings that cannot work, before Ray starts. Raises CampaignError."""
     if not 1 <= min_partners <= num_partners:
         raise CampaignError(f"min_partners={min_partners} but the consortium has {num_partners} partners")
+    if spec.rounds > MAX_ROUNDS:
+        raise CampaignError(f"rounds={spec.rounds} is more than {MAX_ROUNDS:,} (a typo? each round sends every "
+                            "partner a message and writes a checkpoint); ask for fewer")
     if spec.rounds < 1 or (spec.local_epochs is not None and spec.local_epochs < 1) \
             or (spec.batch_size is not None and spec.batch_size < 1):
         raise CampaignError("rounds, local epochs and batch size must be at least 1")

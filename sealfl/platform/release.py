@@ -72,11 +72,13 @@ def finished_checkpoint(campaign_dir: str | Path) -> dict:
     d = cd.dir
     try:
         status = cd.read_status()
+        view = cd.view(status)  # as 'campaign status' sees it: a running campaign whose process is gone is dead
     except CampaignDirError as exc:
         raise ReleaseError(f"{d} is not a campaign directory ({exc}); run 'sealfl campaign run'") from exc
-    if status.get("status") != "finished":
-        raise ReleaseError(f"campaign {d} is {status.get('status')!r}, not finished"
-                           f"{': ' + str(status.get('error')) if status.get('error') else ''}; nothing to release")
+    if view.state != "finished":
+        raise ReleaseError(f"campaign {d} is {view.state!r}, not finished"
+                           f"{': ' + str(view.error) if view.error else ''}{'; ' + view.note if view.note else ''}"
+                           "; nothing to release")
     try:
         ckpt = cd.read_checkpoint().to_dict()
     except CampaignDirError as exc:

@@ -143,10 +143,11 @@ class CampaignDir:
         except CampaignDirError:
             return None
 
-    def view(self) -> CampaignView:
-        """:func:`campaign_view` of this directory. Raises CampaignDirError if
-        ``status.json`` is missing or malformed."""
-        status = self.read_status()
+    def view(self, status: dict | None = None) -> CampaignView:
+        """:func:`campaign_view` of this directory (``status``: its ``status.json`` if the
+        caller has read it already). Raises CampaignDirError if ``status.json`` is missing
+        or malformed."""
+        status = self.read_status() if status is None else status
         owner = status.get("owner") or ({"pid": status["pid"]} if status.get("pid") else None)
         alive = identity_alive(owner) if owner else None
         return campaign_view(status, self.checkpoint_round(), alive)
