@@ -134,6 +134,28 @@ def test_kind_embedded_ray_listens_on_loopback_only_and_demands_the_token(consor
     assert_tree_gone(token, worker)
 
 
+def test_kind_worker_killed_with_sigkill_is_reported_with_the_files_it_left(consortium, cli, tmp_path):
+    """The worker dies without a result: the CLI says so in one line, naming the log and the
+    run directory it keeps for that log's Ray session files (a new user found it left unnamed)."""
+    import shutil
+
+    cons, _ = consortium
+    out = tmp_path / "camp"
+    run = cli(["campaign", "run", "-c", cons.dir, "-o", out, "--rounds", 2], "checkpoint@2")
+    run.wait_paused()
+    worker, token = run.tree()
+    run_dir = Path(open(f"/proc/{worker}/cmdline").read().split("\0")[3]).parent
+    os.kill(worker, signal.SIGKILL)
+    rc, stderr = run.finish()
+    try:
+        text = " ".join(stderr.split())
+        assert rc == 1 and "killed by signal 9" in text and str(run_dir) in text, stderr[-3000:]
+        assert "Traceback" not in stderr and run_dir.is_dir() and (run_dir / "job.json").is_file()
+        assert_tree_gone(token, worker)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
 def test_kind_supervisor_killed_with_sigkill_takes_its_tree_and_leaves_a_dead_campaign(consortium, cli, tmp_path):
     cons, _ = consortium
     out = tmp_path / "camp"

@@ -164,7 +164,8 @@ def run_worker(job: dict, *, env: dict, log_path: str | os.PathLike, app_dir: st
         except (OSError, ValueError) as exc:
             keep_run_dir = True
             how = f"was killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exited {proc.returncode}"
-            raise WorkerError(f"the worker process {how} without a result; see {log_path}") from exc
+            raise WorkerError(f"the worker process {how} without a result; see {log_path} (its job and Ray's "
+                              f"session files are kept in {run_dir} for that; remove it when done)") from exc
         return result  # a failure's story is in the log and the result; Ray's session files go
     finally:
         if proc is not None and proc.poll() is None:  # KeyboardInterrupt, or any error above
