@@ -116,6 +116,24 @@ def test_bad_settings_fail_before_ray_starts(consortium, tmp_path):
     assert time.perf_counter() - t0 < 30  # no Ray start-up, no minutes of GCS retries
 
 
+def test_kind_a_damaged_aggregator_context_is_refused_before_ray_starts(consortium, tmp_path):
+    import shutil
+    import time
+
+    for damage in ("truncate", "missing"):
+        cons_dir = tmp_path / damage
+        shutil.copytree(consortium.dir, cons_dir)
+        pub = cons_dir / "aggregator" / "public.ckks"
+        if damage == "truncate":
+            pub.write_bytes(pub.read_bytes()[: pub.stat().st_size // 2])
+        else:
+            pub.unlink()
+        t0 = time.perf_counter()
+        with pytest.raises(CampaignError, match="public.ckks"):
+            run_campaign(CampaignSpec(str(cons_dir), str(tmp_path / f"c-{damage}"), rounds=1))
+        assert time.perf_counter() - t0 < 30 and not (tmp_path / f"c-{damage}").exists()
+
+
 def test_campaign_refuses_to_overwrite_a_campaign(consortium, tmp_path):
     out = tmp_path / "camp"
     out.mkdir()

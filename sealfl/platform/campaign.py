@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from sealfl.clients.tasks import get_task
+from sealfl.common import codecs
 from sealfl.common.errors import SealflError
 from sealfl.common.procs import identity
 from sealfl.common.seconds import MAX_SECONDS, is_seconds
@@ -132,12 +133,28 @@ def check_spec(spec: CampaignSpec, num_partners: int, min_partners: int) -> None
                             "--server-momentum), not in the extra settings")
 
 
+def check_public_context(cons: Consortium) -> None:
+    """The aggregator's HE context parses as the consortium's (parameters and context id) and
+    holds no secret key -- what the ServerApp checks again first thing, here before Ray starts.
+    Raises CampaignError naming the file."""
+    path = cons.public_context
+    try:
+        codec = codecs.from_bytes(path.read_bytes(), cons.ckks, bytes.fromhex(cons.context_id))
+    except (OSError, ValueError, SealflError) as exc:  # CiphertextError is a SealflError
+        raise CampaignError(f"the aggregator's HE context {path} is unusable ({exc}); restore it from the "
+                            "consortium's backup or create the consortium again") from exc
+    if codec.has_secret_key:
+        raise CampaignError(f"the aggregator's HE context {path} holds a secret key; the aggregator must never "
+                            "have one: restore the public context")
+
+
 def preflight(spec: CampaignSpec) -> tuple[Consortium, int]:
     """Everything that can be checked before Ray starts. Returns (consortium, min_partners).
 
     Raises ConsortiumError or CampaignError with what is wrong.
     """
     cons = Consortium.load(spec.consortium_dir)
+    check_public_context(cons)
     n = len(cons.partners)
     min_partners = spec.min_partners if spec.min_partners is not None else max(2, n - 1)
     check_spec(spec, n, min_partners)
