@@ -350,3 +350,23 @@ def test_kind_content_digest_changes_with_every_value(i, f, s, b):
             same = False
         d = P.content_digest(RecordDict({"c": ConfigRecord(changed)}))
         assert (d == d0) == same
+
+
+def test_kind_a_clientapp_traceback_is_refused_in_one_line(keys, server_identity):
+    """Flower's simulation reports a ClientApp exception with its whole traceback, coloured; the
+    refusal in the log and rounds.jsonl keeps the exception line only."""
+    from flwr.app import Error, Message
+
+    roster = _bound(keys)
+    sent = _sent([11, 12])
+    reason = ("\x1b[91mTraceback (most recent call last):\x1b[0m\n  File \"/x/app.py\", line 3, in train\n"
+              "    kit = load_kit(d)\n\x1b[1mKitError: startup kit partners/b: the wrapped secret does not "
+              "unwrap\x1b[0m\n")
+    err = Message(Error(code=2, reason=reason), reply_to=sent[1])
+    err.metadata.__dict__["_src_node_id"] = 12
+    out = screen([_reply(sent[0], "A", keys["A"]), err], sent, roster, _parse, phase="train")
+    why = out.rejected["B"]
+    assert why.endswith("KitError: startup kit partners/b: the wrapped secret does not unwrap")
+    assert "\n" not in why and "\x1b" not in why and "Traceback" not in why
+    long = screen([Message(Error(code=2, reason="x" * 5000), reply_to=sent[1])], sent, roster, _parse, phase="train")
+    assert max(len(v) for v in long.rejected.values()) < 400

@@ -33,6 +33,7 @@ records it in ``rounds.jsonl`` and goes on while ``min_partners`` remain.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -168,6 +169,18 @@ def _claimed_name(content: Any) -> str:
     return name
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+
+
+def error_reason(reason: Any, limit: int = 300) -> str:
+    """One line of an error reply's reason for logs and ``rounds.jsonl``: Flower's simulation
+    puts a ClientApp's whole traceback there, coloured; keep its last line (the exception),
+    without terminal escape codes, at most ``limit`` characters."""
+    lines = [ln.strip() for ln in _ANSI.sub("", str(reason)).splitlines() if ln.strip()]
+    text = lines[-1] if lines else ""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def screen(replies: Iterable[Any], sent: Sequence[Any], roster: Roster, parse: Callable[[str, Any], Any], *,
            phase: str, bind: bool = False) -> Screened:
     """Check every reply of one round (steps 1-8 of the module docstring).
@@ -211,7 +224,8 @@ def screen(replies: Iterable[Any], sent: Sequence[Any], roster: Roster, parse: C
         answered.add(md.reply_to_message_id)
         if reply.has_error():
             who = "the SuperLink" if src == SUPERLINK_NODE_ID else f"node {src}"
-            refuse(label, f"no reply: error {reply.error.code} reported by {who}: {reply.error.reason}", src, dst)
+            refuse(label, f"no reply: error {reply.error.code} reported by {who}: {error_reason(reply.error.reason)}",
+                   src, dst)
             continue
         if src != dst:
             refuse(label, f"reply from node {src} to a message sent to node {dst}", src, dst)
