@@ -1,8 +1,8 @@
 """Benchmark: bytes on the wire and throughput of sealfl's codecs vs NVFlare's CKKS defaults.
 
 P1 = ciphertext bytes per parameter / 4 (expansion over fp32) of one partner's update,
-for ``sealfl.common.bfv`` (``--he bfv``: N=4096, [32,32,40], t 54-bit, two 27-bit values
-per slot; ``P1.sealfl``), for sealfl's default ``sealfl.common.ckks`` (NVFlare's
+for ``sealfl.he.bfv`` (``--he bfv``: N=4096, [32,32,40], t 54-bit, two 27-bit values
+per slot; ``P1.sealfl``), for sealfl's default ``sealfl.he.ckks`` (NVFlare's
 parameters in sealfl's frames; ``P1.sealfl_ckks``) and for CKKS with NVFlare's defaults
 as NVFlare sends them (N=8192, [60,40,40], scale 2^40: 4096 values per ciphertext,
 TenSEAL serialisation),
@@ -28,9 +28,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from sealfl.common.bfv import BFVCodec
+from sealfl.he.bfv import BFVCodec
+from sealfl.he.ckks import CKKSCodec
 from sealfl.server.aggregate import RunningSum
-from sealfl.common.ckks import CKKSCodec
 
 OUT = Path(__file__).parent / "results" / "codec.json"
 SECAGG_STEP = 16.0 / 2**22

@@ -17,12 +17,12 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests.support.swtpm
 
 
 def _time_boots(trust: Path, release: Path, state: Path, backend: str, reps: int) -> list[float]:
-    from sealfl.enclave.device import boot, boot_last_good
-    from sealfl.enclave.provision import provision
+    from sealfl.enclave.device.boot import boot, boot_last_good
+    from sealfl.enclave.device.provision import provision
 
     provision(state, backend)
     t0 = time.perf_counter()
@@ -43,9 +43,8 @@ def main() -> int:
     ap.add_argument("--release", type=Path, required=True)
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args()
-    from swtpm_fixture import SwTPM
-
-    from sealfl.enclave.tpm import TCTI_ENV
+    from sealfl.enclave.tee.tpm import TCTI_ENV
+    from tests.support.swtpm import SwTPM
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

@@ -100,16 +100,16 @@ def llama_sources() -> Path:
 def merged_model(demo: Path):
     """``(bundle, merged torch model, head_dim)`` as ``release build`` computes them."""
     from sealfl.clients.causal_lm.merge import merge_adapters
-    from sealfl.clients.tasks import get_task
-    from sealfl.enclave.keyholder import KeyHolder
-    from sealfl.enclave.release_enclave import ReleaseEnclave
+    from sealfl.clients.plugins import get_task
+    from sealfl.enclave.release.enclave import ReleaseEnclave
+    from sealfl.enclave.release.keyholder import KeyHolder
     from sealfl.platform.consortium import Consortium
     from sealfl.platform.release import enclave_dir, finished_checkpoint, open_final_model
 
     cons = Consortium.load(demo / "consortium")
     task = get_task(cons.task)
     enclave = ReleaseEnclave.open(enclave_dir(cons))
-    keys = KeyHolder(enclave, cons.ckks, bytes.fromhex(cons.context_id))
+    keys = KeyHolder(enclave, cons.he_params, bytes.fromhex(cons.context_id))
     params, _, _ = open_final_model(keys, finished_checkpoint(demo / "campaign"), task, demo / "campaign")
     bundle = task.bundle().clone()
     merged = merge_adapters(bundle.model, task.spec, params).eval()
@@ -155,10 +155,10 @@ def _vmhwm(pid: int) -> int:
 def sealfl_speed_child(trust: str, release: str, variant: str, prompt_file: str) -> dict:
     """In its own process: verify the release as a device does, start the sandboxed runtime
     of ``variant``, time first tokens and the decode."""
-    from sealfl.common.llm_decode import SamplingParams
-    from sealfl.enclave.llm_boot import llm_spec
-    from sealfl.enclave.llm_runtime import LLMRuntime
-    from sealfl.enclave.verify_cli import verify_dir
+    from sealfl.enclave.device.llm_boot import llm_spec
+    from sealfl.enclave.device.verify import verify_dir
+    from sealfl.enclave.sandbox.decode import SamplingParams
+    from sealfl.enclave.sandbox.llm_runtime import LLMRuntime
 
     v = verify_dir(trust, release)
     spec = llm_spec(v.payload, v.metadata, variant)
@@ -309,8 +309,8 @@ def main() -> int:
     if a.quality_from_gate:
         # the release's signed gate figures: the partners scored each variant against the fp32
         # merged model on their held-out text (sealfl.platform.llm.gate); no enclave needed
-        from sealfl.clients.corpus import load_partner_text
-        from sealfl.enclave.verify_cli import verify_dir
+        from sealfl.clients.causal_lm.corpus import load_partner_text
+        from sealfl.enclave.device.verify import verify_dir
 
         v = verify_dir(trust, release)
         tok = Tokenizer.from_str(v.payload[v.metadata["files"]["tokenizer"]].decode())

@@ -10,8 +10,16 @@ Measures size, top-1 agreement and perplexity against torch on 4 windows of 256 
 time of a 128-token prefill, decode tokens/s over 64 teacher-forced steps with the KV
 cache, and prefill-vs-decode differences of the same positions.
 """
-import numpy as np, onnxruntime as ort, time, sys, json, os, resource
+import json
+import os
+import resource
+import sys
+import time
+
+import numpy as np
+import onnxruntime as ort
 from tokenizers import Tokenizer
+
 tok = Tokenizer.from_file("hf/tokenizer.json")
 files = ["tutorial/controlflow.rst.txt", "faq/programming.rst.txt", "howto/logging.rst.txt", "reference/expressions.rst.txt"]
 wins = []

@@ -1,9 +1,9 @@
 """Benchmark: encrypted vs plaintext FedAvg rounds, same task, data and run (P2, P3, P6).
 
 For each configuration consortia are created in one temporary directory: with the packed
-BFV codec (``--he bfv``, ``sealfl.common.bfv``), with the default CKKS codec
-(``sealfl.common.ckks``; heart-4 and lora-8 only, to keep ``make bench`` under 20 min) and
-with the benchmark-only plaintext baseline (``sealfl.common.plain``: the same ClientApp
+BFV codec (``--he bfv``, ``sealfl.he.bfv``), with the default CKKS codec
+(``sealfl.he.ckks``; heart-4 and lora-8 only, to keep ``make bench`` under 20 min) and
+with the benchmark-only plaintext baseline (``sealfl.he.plain``: the same ClientApp
 and ServerApp, shares as float64 in clear; this script opts in for its own child
 processes only). All run the same campaign (Flower simulation on a local Ray, every
 partner required).
@@ -20,7 +20,7 @@ partner required).
   plaintext, leaving out round 1 (Ray actor warm-up) when there are more rounds;
 - **P3** = pooled test accuracy after the last round (heart-4), beside FLamby's
   published pooled 0.776 and FedAvg 0.654; heart-4-opt runs the same campaign with the
-  server optimizers the key holders apply (:mod:`sealfl.common.server_opt`: FedAvgM with
+  server optimizers the key holders apply (:mod:`sealfl.he.server_opt`: FedAvgM with
   momentum 0.9, FedAdam with Flower's defaults), encrypted and in plaintext;
 - **P2.<config>_aggregator_floor** = (plaintext round + the encrypted run's extra
   aggregation time after the last reply arrived) / plaintext round, medians: the lowest
@@ -83,7 +83,7 @@ def _crypto_cpu_seconds(he: str, length: int, partners: int) -> float:
     each the best of 3 with the campaign's codec."""
     import numpy as np
 
-    from sealfl.common.codecs import generate, params_for
+    from sealfl.he.codecs import generate, params_for
 
     codec = generate(params_for(he))
     v = np.random.default_rng(0).normal(0, 0.05, length)
@@ -111,10 +111,10 @@ def _cpu_estimate(enc: dict, plain: dict, crypto_cpu_s: float) -> float | None:
 
 
 def run(only: list[str]) -> dict:
-    from sealfl.clients.tasks import get_task
-    from sealfl.common import plain
-    from sealfl.common.codecs import params_for
-    from sealfl.common.server_opt import ServerOpt
+    from sealfl.clients.plugins import get_task
+    from sealfl.he import plain
+    from sealfl.he.codecs import params_for
+    from sealfl.he.server_opt import ServerOpt
     from sealfl.platform.campaign import CampaignSpec, run_campaign
     from sealfl.platform.consortium import create_consortium
 

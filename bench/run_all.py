@@ -32,7 +32,7 @@ KEYS = ["P1.sealfl", "P1.nvflare_default", "P2.heart", "P2.lora", "P3.encrypted"
         # the least P2.lora could be with free partner-side encryption, and what to expect with
         # the partners' measured crypto CPU time spread perfectly over every core (bench/round_bench.py)
         "P2.lora_aggregator_floor", "P2.lora_aggregator_floor_ckks", "P2.lora_cpu_estimate", "P2.lora_cpu_estimate_ckks",
-        # server optimizers at the key holders (sealfl.common.server_opt), BFV and plaintext
+        # server optimizers at the key holders (sealfl.he.server_opt), BFV and plaintext
         "P3.fedavgm_encrypted", "P3.fedavgm_plaintext", "P3.fedadam_encrypted", "P3.fedadam_plaintext"]
 #: targets of issue 9 (key -> (comparison, value)); shown beside each figure
 TARGETS = {"P1.sealfl": ("<=", 2.0), "P2.heart": ("<=", 1.05), "P2.lora": ("<=", 1.05),

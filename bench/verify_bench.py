@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sealfl.attestation.reader import load_release
-from sealfl.enclave.release_enclave import ReleaseEnclave
+from sealfl.enclave.release.enclave import ReleaseEnclave
 
 OUT = Path(__file__).parent / "results" / "verify.json"
 
@@ -62,7 +62,7 @@ def boot_100mb() -> dict:
     session is built after) -- best of 3, through ``load_release`` as the device reads.
     (Canary, TEE measurement and the state record are left out: they do not grow with the
     model.)"""
-    from sealfl.common.sandbox import SandboxedRuntime
+    from sealfl.enclave.sandbox.runtime import SandboxedRuntime
 
     with tempfile.TemporaryDirectory(prefix="sealfl-bench-boot-") as d:
         enclave = ReleaseEnclave.create(Path(d) / "enclave")

@@ -15,7 +15,7 @@ statement, so an attestation cannot be moved from one version to another. Versio
 attestation (nonce = root digest) is refused for that reason.
 
 :func:`assemble_release` returns ``{file name: bytes}`` for all of them; writing them to
-disk is the caller's job (see :meth:`sealfl.enclave.release_enclave.ReleaseEnclave.write_release`).
+disk is the caller's job (see :meth:`sealfl.enclave.release.enclave.ReleaseEnclave.write_release`).
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ from collections.abc import Callable, Mapping
 
 from Crypto.PublicKey import ECC
 
-from .canonical import canonical_json, load_document
-from .dsse import sign_envelope
-from .errors import ManifestError, QuoteError
-from .manifest import MANIFEST_FILE, build_manifest, manifest_bytes, validate_path
-from .quote import INSECURE_BACKENDS, KNOWN_BACKENDS
-from .schema import Fields
-from .statement import PAYLOAD_TYPE, build_statement, statement_bytes
+from sealfl.attestation.canonical import canonical_json, load_document
+from sealfl.attestation.dsse import sign_envelope
+from sealfl.attestation.errors import ManifestError, QuoteError
+from sealfl.attestation.manifest import MANIFEST_FILE, build_manifest, manifest_bytes, validate_path
+from sealfl.attestation.quote import INSECURE_BACKENDS, KNOWN_BACKENDS
+from sealfl.attestation.statement import PAYLOAD_TYPE, build_statement, statement_bytes
+from sealfl.common.fields import Fields
 
 __all__ = [
     "MANIFEST_FILE",

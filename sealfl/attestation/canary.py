@@ -26,13 +26,13 @@ machine, so it does not depend on the builder's CPU either.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .errors import CanaryError
+from sealfl.attestation.errors import CanaryError
+from sealfl.common.fields import Fields
 
 __all__ = ["CANARY_SCHEMA", "MAX_ROWS", "MAX_WIDTH", "Canary", "parse_canary", "check_canary"]
 
@@ -65,19 +65,16 @@ class Canary:
     reference: str
 
 
-def _matrix(value: Any, what: str, width_cap: int) -> list[list[float]]:
-    if not isinstance(value, list) or not 1 <= len(value) <= MAX_ROWS:
-        raise CanaryError(f"canary {what!r} must be a list of 1..{MAX_ROWS} rows")
+def _matrix(fields: Fields, value: Any, what: str, width_cap: int) -> list[list[float]]:
+    fields.array(value, what, nonempty=True, max_len=MAX_ROWS)
     width = None
     for i, row in enumerate(value):
-        if not isinstance(row, list) or not 1 <= len(row) <= width_cap:
-            raise CanaryError(f"canary {what!r} row {i} must be a list of 1..{width_cap} numbers")
+        fields.array(row, f"{what}[{i}]", nonempty=True, max_len=width_cap)
         if width is not None and len(row) != width:
-            raise CanaryError(f"canary {what!r} row {i} has {len(row)} values, row 0 has {width}")
+            raise fields.fail(f"{what}[{i}]", f"has {len(row)} values, row 0 has {width}")
         width = len(row)
         for j, v in enumerate(row):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise CanaryError(f"canary {what!r}[{i}][{j}] must be a finite number, got {v!r}")
+            fields.number(v, f"{what}[{i}][{j}]")
     return value
 
 
@@ -85,29 +82,24 @@ def parse_canary(doc: Any) -> Canary:
     """Validate the ``canary`` metadata object and return a :class:`Canary`.
 
     Raises:
-        CanaryError: any field missing, of the wrong type, non-finite, ragged, over the
-            caps, or ``inputs``/``expected`` with different row counts.
+        CanaryError: any field missing, unknown, of the wrong type, non-finite, ragged,
+            over the caps, or ``inputs``/``expected`` with different row counts.
     """
-    if not isinstance(doc, dict):
-        raise CanaryError(f"canary must be a JSON object, got {type(doc).__name__}")
-    if set(doc) != _KEYS:
-        raise CanaryError(f"canary keys must be {sorted(_KEYS)}, got {sorted(doc)}")
-    if doc["schema"] != CANARY_SCHEMA:
-        raise CanaryError(f"canary schema must be {CANARY_SCHEMA!r}, got {doc['schema']!r}")
+    fields = Fields("canary", CanaryError)
+    fields.object(doc, "")
+    fields.only(doc, _KEYS)
+    fields.get(doc, "schema", "choice", choices=(CANARY_SCHEMA,))
     for key in ("input", "output", "reference"):
-        if not isinstance(doc[key], str) or not doc[key]:
-            raise CanaryError(f"canary {key!r} must be a non-empty string")
-    tol = doc["tolerance"]
-    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not (0 < tol <= 1):
-        raise CanaryError(f"canary tolerance must be a number in (0, 1], got {tol!r}")
-    inputs = _matrix(doc["inputs"], "inputs", MAX_WIDTH)
+        fields.get(doc, key, "string", max_len=256 if key != "reference" else 4096)
+    tol = fields.get(doc, "tolerance", "number", lo=0.0, hi=1.0, lo_open=True)
+    inputs = _matrix(fields, fields.get(doc, "inputs", "array"), "inputs", MAX_WIDTH)
     if any(abs(v) > _F32_MAX for row in inputs for v in row):
-        raise CanaryError("canary inputs must be representable as float32 (|v| <= 3.4e38)")
-    expected = _matrix(doc["expected"], "expected", MAX_WIDTH)
+        raise fields.fail("inputs", "must be representable as float32 (|v| <= 3.4e38)", "out_of_range")
+    expected = _matrix(fields, fields.get(doc, "expected", "array"), "expected", MAX_WIDTH)
     if len(inputs) != len(expected):
         raise CanaryError(f"canary has {len(inputs)} input rows but {len(expected)} expected rows")
     return Canary(doc["input"], doc["output"], np.asarray(inputs, dtype=np.float32),
-                  np.asarray(expected, dtype=np.float64), float(tol), doc["reference"])
+                  np.asarray(expected, dtype=np.float64), tol, doc["reference"])
 
 
 def check_canary(canary: Canary, batch_output: np.ndarray, row_outputs: list[np.ndarray]) -> None:

@@ -26,9 +26,10 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from .errors import FormatError
+from sealfl.attestation.errors import FormatError
+from sealfl.common.fields import Fields, json_type
 
-__all__ = ["canonical_json", "loads_strict", "load_document", "json_type", "b64decode_strict",
+__all__ = ["canonical_json", "loads_strict", "parse_object", "load_document", "json_type", "b64decode_strict",
            "JSONFormatError"]
 
 _B64_STANDARD = re.compile(r"\A(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?\Z")
@@ -36,26 +37,6 @@ _B64_STANDARD = re.compile(r"\A(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-
 
 class JSONFormatError(FormatError):
     """Raised by :func:`loads_strict` when bytes are not one strict JSON object."""
-
-
-def json_type(value: Any) -> str:
-    """The JSON type name of a parsed value, for messages (``"object"``, ``"array"``,
-    ``"string"``, ``"integer"``, ``"number"``, ``"boolean"``, ``"null"``)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
 
 
 def b64decode_strict(text: Any, what: str) -> bytes:
@@ -147,6 +128,15 @@ def loads_strict(data: bytes) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise JSONFormatError(f"top-level JSON value must be an object, got {type(obj).__name__}")
     return obj
+
+
+def parse_object(data: bytes, fields: Fields, hint: str = "") -> dict[str, Any]:
+    """``data`` as one strict JSON object (:func:`loads_strict`), refused through ``fields``
+    (so with its document's name and error type); ``hint`` says what to do."""
+    try:
+        return loads_strict(data)
+    except JSONFormatError as exc:
+        raise fields.fail("", f"is not strict JSON: {exc}" + (f"; {hint}" if hint else "")) from exc
 
 
 def load_document(data: bytes, what: str, field: str, expected: str,

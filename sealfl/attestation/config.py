@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import AttestationError
+from sealfl.attestation.errors import AttestationError
 
 __all__ = ["VerifyConfig", "DEFAULT_CONFIG", "DEFAULT_MAX_FILE_BYTES"]
 

@@ -4,7 +4,7 @@ One typed, immutable object with pure transitions, as python-tuf treats its trus
 metadata: :meth:`DeviceState.from_bytes` / :meth:`DeviceState.to_bytes` convert to and from
 ``state.json``, :meth:`DeviceState.check` is the version decision a release must pass, and
 :meth:`DeviceState.accept` returns the state after a release was booted. Disk I/O (and
-crash consistency) is the caller's job (:mod:`sealfl.enclave.slots`).
+crash consistency) is the caller's job (:mod:`sealfl.enclave.device.slots`).
 
 ``state.json`` (schema ``sealfl.device-state/v2``)::
 
@@ -34,13 +34,13 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .canonical import JSONFormatError, canonical_json, loads_strict
-from .errors import DeviceStateError, ManifestError, VerificationError
-from .manifest import MANIFEST_FILE, check_name_version, validate_path
-from .schema import MAX_VERSION, Fields
+from sealfl.attestation.canonical import JSONFormatError, canonical_json, loads_strict
+from sealfl.attestation.errors import DeviceStateError, ManifestError, VerificationError
+from sealfl.attestation.manifest import MANIFEST_FILE, check_name_version, validate_path
+from sealfl.common.fields import MAX_VERSION, Fields
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .trust import TrustAnchors
+    from sealfl.attestation.trust import TrustAnchors
 
 __all__ = ["STATE_FILE", "STATE_SCHEMA", "STATE_SCHEMA_V1", "SLOTS_DIR", "LastGood", "DeviceState",
            "check_slot_path"]

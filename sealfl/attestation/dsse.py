@@ -27,10 +27,10 @@ from typing import Any
 
 from Crypto.PublicKey import ECC
 
-from . import keys as _keys
-from .canonical import b64decode_strict
-from .errors import FormatError, SignatureError
-from .schema import Fields
+from sealfl.attestation import keys as _keys
+from sealfl.attestation.canonical import b64decode_strict
+from sealfl.attestation.errors import FormatError, SignatureError
+from sealfl.common.fields import Fields
 
 __all__ = ["MAX_SIGNATURES", "pae", "sign_envelope", "verify_envelope"]
 

@@ -25,6 +25,8 @@ __all__ = [
     "DeviceStateError",
     "VerificationError",
     "CanaryError",
+    "AtRestError",
+    "KeyWrapFormatError",
     "CHECKS",
 ]
 
@@ -131,3 +133,13 @@ class VerificationError(AttestationError):
 class CanaryError(AttestationError):
     """A release's signed canary is malformed, or the model's answers on this device differ
     from the canary's expected outputs (or depend on the batch) beyond its tolerance."""
+
+
+class AtRestError(AttestationError):
+    """A release file encrypted at rest is malformed, or the key does not open it
+    (:mod:`sealfl.attestation.encrypted_files`)."""
+
+
+class KeyWrapFormatError(AttestationError):
+    """A model key could not be HPKE-wrapped to, or unwrapped for, a device's per-request
+    key (:mod:`sealfl.attestation.hpke_wrap`)."""

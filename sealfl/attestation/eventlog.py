@@ -1,6 +1,6 @@
 """Measured-boot event log, attestation evidence and its verification. Pure; no I/O.
 
-A device's boot extends PCRs (allocation: :mod:`sealfl.enclave.tpm`) and writes one event
+A device's boot extends PCRs (allocation: :mod:`sealfl.enclave.tee.tpm`) and writes one event
 per extend, in order, to its event log::
 
     {"schema": "sealfl.eventlog/v1", "bank": "sha256",
@@ -41,9 +41,9 @@ from typing import Any
 
 from Crypto.PublicKey import ECC
 
-from .errors import PolicyError, QuoteError
-from .quote import CHALLENGE_PURPOSE, NUM_PCRS, PCR_BANK, pcr_after, verify_quote
-from .schema import Fields
+from sealfl.attestation.errors import PolicyError, QuoteError
+from sealfl.attestation.quote import CHALLENGE_PURPOSE, NUM_PCRS, PCR_BANK, pcr_after, verify_quote
+from sealfl.common.fields import Fields
 
 __all__ = ["EVENTLOG_SCHEMA", "EVIDENCE_SCHEMA", "POLICY_SCHEMA", "EVENT_TYPES", "EVENT_PCR", "Event",
            "parse_eventlog", "eventlog_doc", "replay", "AttestationPolicy", "parse_policy", "Attested",

@@ -14,7 +14,7 @@ from Crypto.Hash import SHA256
 from Crypto.PublicKey import ECC
 from Crypto.Signature import DSS
 
-from .errors import KeyFormatError
+from sealfl.attestation.errors import KeyFormatError
 
 __all__ = [
     "CURVE",

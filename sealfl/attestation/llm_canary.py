@@ -33,13 +33,13 @@ sets 0.80 and 0.6 from these figures.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .errors import CanaryError
+from sealfl.attestation.errors import CanaryError
+from sealfl.common.fields import Fields
 
 __all__ = ["LLM_CANARY_SCHEMA", "LLMCanary", "parse_llm_canary", "check_llm_canary"]
 
@@ -64,14 +64,11 @@ class LLMCanary:
     reference: str
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _number(v: Any, what: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise CanaryError(f"llm canary {what} must be a finite number, got {v!r}")
-    return float(v)
+def _ids(fields: Fields, value: Any, path: str, vocab: int, *, lo_len: int, hi_len: int) -> tuple[int, ...]:
+    fields.array(value, path, max_len=hi_len)
+    if len(value) < lo_len:
+        raise fields.fail(path, f"must hold at least {lo_len} token ids, got {len(value)}", "out_of_range")
+    return tuple(fields.integer(x, f"{path}[{j}]", lo=0, hi=vocab - 1) for j, x in enumerate(value))
 
 
 def parse_llm_canary(doc: Any) -> LLMCanary:
@@ -82,41 +79,29 @@ def parse_llm_canary(doc: Any) -> LLMCanary:
             ragged lists, a prefill outside ``1..len-1``, or bounds outside their ranges;
             the message names the field.
     """
-    if not isinstance(doc, dict):
-        raise CanaryError(f"llm canary must be a JSON object, got {type(doc).__name__}")
-    if set(doc) != _KEYS:
-        raise CanaryError(f"llm canary keys must be {sorted(_KEYS)}, got {sorted(doc)}")
-    if doc["schema"] != LLM_CANARY_SCHEMA:
-        raise CanaryError(f"llm canary schema must be {LLM_CANARY_SCHEMA!r}, got {doc['schema']!r}")
-    vocab = doc["vocab"]
-    if not _is_int(vocab) or not 2 <= vocab <= 10_000_000:
-        raise CanaryError(f"llm canary vocab must be an integer in [2, 1e7], got {vocab!r}")
-    if not isinstance(doc["reference"], str) or not doc["reference"]:
-        raise CanaryError("llm canary reference must be a non-empty string")
-    agree = _number(doc["min_agreement"], "min_agreement")
-    diff = _number(doc["max_mean_abs_diff"], "max_mean_abs_diff")
-    if not 0 < agree <= 1 or not 0 < diff <= 1000:
-        raise CanaryError(f"llm canary bounds out of range: min_agreement {agree} (0, 1], max_mean_abs_diff {diff} (0, 1000]")
-    seqs, pre, top1, maxl = doc["sequences"], doc["prefill"], doc["expected_top1"], doc["expected_max_logit"]
-    for name, v in (("sequences", seqs), ("prefill", pre), ("expected_top1", top1), ("expected_max_logit", maxl)):
-        if not isinstance(v, list) or not 1 <= len(v) <= MAX_SEQUENCES:
-            raise CanaryError(f"llm canary {name} must be a list of 1..{MAX_SEQUENCES} entries")
-    if not len(seqs) == len(pre) == len(top1) == len(maxl):
+    fields = Fields("llm canary", CanaryError)
+    fields.object(doc, "")
+    fields.only(doc, _KEYS)
+    fields.get(doc, "schema", "choice", choices=(LLM_CANARY_SCHEMA,))
+    vocab = fields.get(doc, "vocab", "integer", lo=2, hi=10_000_000)
+    fields.get(doc, "reference", "string")
+    agree = fields.get(doc, "min_agreement", "number", lo=0.0, hi=1.0, lo_open=True)
+    diff = fields.get(doc, "max_mean_abs_diff", "number", lo=0.0, hi=1000.0, lo_open=True)
+    lists = {name: fields.get(doc, name, "array", nonempty=True, max_len=MAX_SEQUENCES)
+             for name in ("sequences", "prefill", "expected_top1", "expected_max_logit")}
+    if len({len(v) for v in lists.values()}) != 1:
         raise CanaryError("llm canary sequences, prefill, expected_top1 and expected_max_logit differ in length")
     out_s, out_p, out_t, out_m = [], [], [], []
-    for i, (s, p, t, m) in enumerate(zip(seqs, pre, top1, maxl)):
-        if not isinstance(s, list) or not 2 <= len(s) <= MAX_LEN or not all(_is_int(x) and 0 <= x < vocab for x in s):
-            raise CanaryError(f"llm canary sequences[{i}] must be 2..{MAX_LEN} token ids in [0, {vocab})")
-        if not _is_int(p) or not 1 <= p < len(s):
-            raise CanaryError(f"llm canary prefill[{i}] must be an integer in [1, {len(s) - 1}], got {p!r}")
-        if not isinstance(t, list) or len(t) != len(s) or not all(_is_int(x) and 0 <= x < vocab for x in t):
-            raise CanaryError(f"llm canary expected_top1[{i}] must hold {len(s)} token ids in [0, {vocab})")
-        if not isinstance(m, list) or len(m) != len(s):
-            raise CanaryError(f"llm canary expected_max_logit[{i}] must hold {len(s)} numbers")
-        out_s.append(tuple(s))
-        out_p.append(p)
-        out_t.append(tuple(t))
-        out_m.append(tuple(_number(x, f"expected_max_logit[{i}]") for x in m))
+    for i, (s, p, t, m) in enumerate(zip(*lists.values())):
+        seq = _ids(fields, s, f"sequences[{i}]", vocab, lo_len=2, hi_len=MAX_LEN)
+        out_s.append(seq)
+        out_p.append(fields.integer(p, f"prefill[{i}]", lo=1, hi=len(seq) - 1))
+        top1 = _ids(fields, t, f"expected_top1[{i}]", vocab, lo_len=len(seq), hi_len=len(seq))
+        out_t.append(top1)
+        fields.array(m, f"expected_max_logit[{i}]", max_len=len(seq))
+        if len(m) != len(seq):
+            raise fields.fail(f"expected_max_logit[{i}]", f"must hold {len(seq)} numbers, got {len(m)}")
+        out_m.append(tuple(fields.number(x, f"expected_max_logit[{i}][{j}]") for j, x in enumerate(m)))
     return LLMCanary(tuple(out_s), tuple(out_p), tuple(out_t), tuple(out_m), vocab, agree, diff, doc["reference"])
 
 
@@ -126,7 +111,7 @@ def check_llm_canary(canary: LLMCanary, results: list[tuple[np.ndarray, np.ndarr
     Args:
         canary: the parsed canary.
         results: per sequence, ``(top ids int (L, k), top logits float (L, k))`` sorted by
-            logit, as :meth:`sealfl.enclave.llm_runtime.LLMRuntime.score` returns them.
+            logit, as :meth:`sealfl.enclave.sandbox.llm_runtime.LLMRuntime.score` returns them.
 
     Returns:
         ``{"agreement": float, "mean_abs_diff": float, "positions": int}``.

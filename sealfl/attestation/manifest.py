@@ -20,9 +20,9 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
-from .canonical import JSONFormatError, canonical_json, loads_strict
-from .errors import ManifestError
-from .schema import MAX_VERSION, Fields, is_sha256_hex
+from sealfl.attestation.canonical import JSONFormatError, canonical_json, loads_strict
+from sealfl.attestation.errors import ManifestError
+from sealfl.common.fields import MAX_VERSION, Fields, is_sha256_hex
 
 __all__ = [
     "SCHEMA",

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import VerificationError
+from sealfl.attestation.errors import VerificationError
 
 __all__ = ["ExternalTensor", "external_tensors", "check_self_contained"]
 

@@ -22,7 +22,7 @@ attestation's qualifying data (short of a SHA-256 collision). The purpose is als
 field of the quote, so a verifier sees it without guessing; on a TPM, where only
 ``qualifyingData`` is signed, the label inside it carries the same meaning.
 
-A quote, as produced by every :class:`sealfl.enclave.tee.TEE` backend, is a JSON object::
+A quote, as produced by every :class:`sealfl.enclave.tee.interface.TEE` backend, is a JSON object::
 
     {"backend": "sim" | "tpm", "pcr_bank": "sha256",
      "pcrs": {"<index>": hex, ...},          # decimal-string keys, values 32-byte hex
@@ -33,7 +33,7 @@ A quote, as produced by every :class:`sealfl.enclave.tee.TEE` backend, is a JSON
                          over canonical_json(quote without "signature"))}
 
 Backends may add further fields; they are covered by the signature. Every field above is
-type-checked before use (:mod:`sealfl.attestation.schema`) and the signature is strict
+type-checked before use (:mod:`sealfl.common.fields`) and the signature is strict
 Base64.
 
 **TPM quotes** (``backend == "tpm"``) carry one more field, ``"attest"``: base64 of the
@@ -56,11 +56,11 @@ from typing import Any
 
 from Crypto.PublicKey import ECC
 
-from . import keys as _keys
-from .canonical import b64decode_strict, canonical_json
-from .errors import FormatError, PolicyError, QuoteError
-from .schema import Fields
-from .tpm_attest import TPM_ALG_SHA256, parse_quote_attest
+from sealfl.attestation import keys as _keys
+from sealfl.attestation.canonical import b64decode_strict, canonical_json
+from sealfl.attestation.errors import FormatError, PolicyError, QuoteError
+from sealfl.attestation.tpm_attest import TPM_ALG_SHA256, parse_quote_attest
+from sealfl.common.fields import Fields
 
 __all__ = [
     "PCR_BANK",

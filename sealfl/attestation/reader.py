@@ -29,13 +29,13 @@ import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from .bigread import MIN_BYTES, read_new_bytes
-from .bundle import METADATA_FILES
-from .config import DEFAULT_CONFIG, DEFAULT_MAX_FILE_BYTES, VerifyConfig
-from .device_state import DeviceState
-from .errors import VerificationError
-from .trust import TrustAnchors
-from .verify import SignedRelease, VerifiedRelease, verify_metadata, verify_payload
+from sealfl.attestation.bigread import MIN_BYTES, read_new_bytes
+from sealfl.attestation.bundle import METADATA_FILES
+from sealfl.attestation.config import DEFAULT_CONFIG, DEFAULT_MAX_FILE_BYTES, VerifyConfig
+from sealfl.attestation.device_state import DeviceState
+from sealfl.attestation.errors import VerificationError
+from sealfl.attestation.trust import TrustAnchors
+from sealfl.attestation.verify import SignedRelease, VerifiedRelease, verify_metadata, verify_payload
 
 __all__ = ["load_release", "read_release_dir"]
 
@@ -201,7 +201,7 @@ def load_release(path: str | os.PathLike, trust: TrustAnchors, *, state: DeviceS
         on_payload: called with the signed release (checks 1-8 passed) and the payload
             files as read, *before* they are checked (hash, ONNX) -- for work that may overlap
             the hashing but must not trust the bytes (device boot stages the model in the
-            sandboxed child's stage file, :meth:`sealfl.common.sandbox.SandboxedRuntime.stage`). It must
+            sandboxed child's stage file, :meth:`sealfl.enclave.sandbox.runtime.SandboxedRuntime.stage`). It must
             not raise; the release is refused or accepted by the checks alone.
 
     Returns:

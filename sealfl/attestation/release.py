@@ -12,11 +12,18 @@ The order of checks and what each refuses is in :mod:`sealfl.attestation.verify`
 
 from __future__ import annotations
 
-from .config import DEFAULT_CONFIG, DEFAULT_MAX_FILE_BYTES, VerifyConfig
-from .device_state import DeviceState, LastGood
-from .reader import load_release, read_release_dir
-from .trust import TrustAnchors, load_trust_anchors, parse_trust_anchors, write_trust_anchors
-from .verify import FileEntry, SignedRelease, VerifiedRelease, verify_metadata, verify_payload, verify_release
+from sealfl.attestation.config import DEFAULT_CONFIG, DEFAULT_MAX_FILE_BYTES, VerifyConfig
+from sealfl.attestation.device_state import DeviceState, LastGood
+from sealfl.attestation.reader import load_release, read_release_dir
+from sealfl.attestation.trust import TrustAnchors, load_trust_anchors, parse_trust_anchors, write_trust_anchors
+from sealfl.attestation.verify import (
+    FileEntry,
+    SignedRelease,
+    VerifiedRelease,
+    verify_metadata,
+    verify_payload,
+    verify_release,
+)
 
 __all__ = [
     "DEFAULT_CONFIG",

@@ -13,7 +13,7 @@ ignore could break the device). ``cpu_features`` names are the Linux ``/proc/cpu
 of the integer kernels' instructions: AVX2, AVX-512 VNNI, AVX-VNNI, and Arm's dot product
 (``asimddp``, NEON SDOT/UDOT).
 
-:func:`unmet` compares them with a device profile (:mod:`sealfl.enclave.doctor`) and returns
+:func:`unmet` compares them with a device profile (:mod:`sealfl.enclave.device.doctor`) and returns
 every unmet requirement, not only the first.
 """
 
@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import VerificationError
-from .manifest import MANIFEST_FILE
-from .schema import Fields
+from sealfl.attestation.errors import VerificationError
+from sealfl.attestation.manifest import MANIFEST_FILE
+from sealfl.common.fields import Fields
 
 __all__ = ["CPU_FEATURES", "parse_requirements", "unmet"]
 

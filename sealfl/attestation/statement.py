@@ -17,10 +17,10 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from .canonical import canonical_json, load_document
-from .errors import StatementError
-from .manifest import check_file_entries, check_metadata, check_name_version, root_digest
-from .schema import Fields
+from sealfl.attestation.canonical import canonical_json, load_document
+from sealfl.attestation.errors import StatementError
+from sealfl.attestation.manifest import check_file_entries, check_metadata, check_name_version, root_digest
+from sealfl.common.fields import Fields
 
 __all__ = [
     "STATEMENT_TYPE",
@@ -83,7 +83,7 @@ def statement_bytes(statement: dict) -> bytes:
 def parse_statement(payload: bytes) -> ReleaseStatement:
     """Parse and validate a DSSE payload as a sealfl release statement.
 
-    Every field is type-checked before use (see :mod:`sealfl.attestation.schema`); unknown
+    Every field is type-checked before use (see :mod:`sealfl.common.fields`); unknown
     top-level fields are ignored, as in-toto Statement v1 asks of consumers.
 
     Args:

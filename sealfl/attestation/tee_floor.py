@@ -2,7 +2,7 @@
 
 ``state.json`` (:mod:`sealfl.attestation.device_state`) is a file: deleting it or restoring
 an old copy would lower the device's rollback floor. So the floor is also kept by the TEE
--- in a TPM NV index on ``tpm`` (:mod:`sealfl.enclave.tpm`), in a record sealed by the TEE
+-- in a TPM NV index on ``tpm`` (:mod:`sealfl.enclave.tee.tpm`), in a record sealed by the TEE
 on ``sim`` -- as one fixed-size record (all integers big-endian)::
 
     magic       4 bytes  b"SFLF"
@@ -31,9 +31,9 @@ import re
 import struct
 from dataclasses import dataclass
 
-from .errors import DeviceStateError, VerificationError
-from .manifest import MANIFEST_FILE
-from .schema import MAX_VERSION
+from sealfl.attestation.errors import DeviceStateError, VerificationError
+from sealfl.attestation.manifest import MANIFEST_FILE
+from sealfl.common.fields import MAX_VERSION
 
 __all__ = ["FLOOR_MAGIC", "FLOOR_RECORD_SIZE", "FloorRecord"]
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from .errors import QuoteError
+from sealfl.attestation.errors import QuoteError
 
 __all__ = ["TPM_GENERATED_VALUE", "TPM_ST_ATTEST_QUOTE", "TPM_ALG_SHA256", "TpmQuoteInfo", "parse_quote_attest"]
 

@@ -30,18 +30,18 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from Crypto.PublicKey import ECC
 
-from . import keys as _keys
-from .canonical import canonical_json, load_document
-from .errors import KeyFormatError, TrustAnchorError
-from .quote import INSECURE_BACKENDS, KNOWN_BACKENDS, parse_pcr_map
-from .schema import MAX_VERSION, Fields
+from sealfl.attestation import keys as _keys
+from sealfl.attestation.canonical import canonical_json, load_document
+from sealfl.attestation.errors import KeyFormatError, TrustAnchorError
+from sealfl.attestation.quote import INSECURE_BACKENDS, KNOWN_BACKENDS, parse_pcr_map
+from sealfl.common.fields import MAX_VERSION, Fields
+from sealfl.common.fsutil import atomic_write
 
 __all__ = [
     "POLICY_SCHEMA",
@@ -232,17 +232,6 @@ def write_trust_anchors(trust_dir: str | os.PathLike, files: Mapping[str, bytes]
                 f"trust directory {root} already holds {existing}; pass overwrite=True to replace them"
             )
     for name, data in files.items():
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=root)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, root / name)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        atomic_write(root / name, data, 0o644)
     log.info("wrote trust anchors to %s", root)
     return root

@@ -40,17 +40,24 @@ import logging
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
-from .bundle import ATTESTATION_FILE, ENVELOPE_FILE, MANIFEST_FILE, METADATA_FILES, parse_attestation
-from .canonical import JSONFormatError, loads_strict
-from .config import DEFAULT_CONFIG, VerifyConfig
-from .device_state import DeviceState
-from .dsse import verify_envelope
-from .errors import ManifestError, PolicyError, QuoteError, SignatureError, StatementError, VerificationError
-from .manifest import parse_manifest
-from .onnx_check import check_self_contained
-from .quote import RELEASE_PURPOSE, verify_quote
-from .statement import PAYLOAD_TYPE, parse_statement
-from .trust import TrustAnchors
+from sealfl.attestation.bundle import ATTESTATION_FILE, ENVELOPE_FILE, MANIFEST_FILE, METADATA_FILES, parse_attestation
+from sealfl.attestation.canonical import JSONFormatError, loads_strict
+from sealfl.attestation.config import DEFAULT_CONFIG, VerifyConfig
+from sealfl.attestation.device_state import DeviceState
+from sealfl.attestation.dsse import verify_envelope
+from sealfl.attestation.errors import (
+    ManifestError,
+    PolicyError,
+    QuoteError,
+    SignatureError,
+    StatementError,
+    VerificationError,
+)
+from sealfl.attestation.manifest import parse_manifest
+from sealfl.attestation.onnx_check import check_self_contained
+from sealfl.attestation.quote import RELEASE_PURPOSE, verify_quote
+from sealfl.attestation.statement import PAYLOAD_TYPE, parse_statement
+from sealfl.attestation.trust import TrustAnchors
 
 __all__ = ["FileEntry", "SignedRelease", "VerifiedRelease", "verify_metadata", "verify_payload", "verify_release"]
 
@@ -218,7 +225,7 @@ def _model_files(signed: SignedRelease) -> list[str]:
     if isinstance(signed.metadata.get("model_file"), str):
         names.add(signed.metadata["model_file"])
     # files the signed metadata declares encrypted at rest are checked after decryption,
-    # on the device, by sealfl.enclave.at_rest.open_payload
+    # on the device, by sealfl.enclave.device.at_rest.open_payload
     at_rest = signed.metadata.get("at_rest")
     encrypted = at_rest.get("files") if isinstance(at_rest, dict) else None
     if isinstance(encrypted, list):

@@ -1,2 +1,3 @@
-"""Partner side: Flower ClientApp, local training tasks, data loading, HE (CKKS or BFV) encryption
-of updates. A partner never sees another partner's update."""
+"""Partner side: the Flower ClientApp, the task plug-ins (:mod:`.plugins`: ``heart``,
+``causal-lm``), data loading and the partner's kit. A partner never sees another partner's
+update; its own leaves only as HE ciphertext."""

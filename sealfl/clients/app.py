@@ -6,16 +6,16 @@ Handlers:
   (``{"query": "evaluate-onnx"}``): score candidate release models on the local test
   split and reply ``{correct, n}`` counts only.
 - ``train``: decrypt the global model (key holder; with a server optimizer, apply its
-  step, :mod:`sealfl.common.server_opt`), train locally, reply with E((n / N) · [w_local,
+  step, :mod:`sealfl.he.server_opt`), train locally, reply with E((n / N) · [w_local,
   optimizer state]) only (N: the declared total of the statistics round,
-  :func:`sealfl.common.decrypted.update_share`) -- no plaintext weights leave the partner.
+  :func:`sealfl.he.decrypted.update_share`) -- no plaintext weights leave the partner.
 - ``evaluate``: decrypt the global model, evaluate on the local test split, reply with
   plaintext metrics (accuracy, loss, counts).
 
 Every reply is signed with the partner's kit key (:func:`sign_reply`; the aggregator
 checks it, :mod:`sealfl.server.intake`). As a key holder the partner checks and rounds
 what it decrypts before using it (:func:`decode_global`,
-:mod:`sealfl.common.decrypted`): the statistics count must equal the total the partners
+:mod:`sealfl.he.decrypted`): the statistics count must equal the total the partners
 declared, parameters and feature statistics must lie within the task's bounds, and
 everything is rounded to the task's grids -- so the model it trains from, and the loss
 and accuracy it reports (rounded to the metric grid too), carry no decryption noise.
@@ -39,22 +39,30 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.clientapp import ClientApp
 
 from sealfl.attestation import keys as _keys
+from sealfl.clients.errors import ClientError
+from sealfl.clients.kit import PartnerKit, kit_dir, load_kit
+from sealfl.clients.plugins import get_task
 from sealfl.common import protocol as P
-from sealfl.common.framed import WIDE
-from sealfl.common.decrypted import check_params, check_weight, open_model, open_stats, round_metric, share_to_sum, update_share, upload_clip
-from sealfl.common.errors import CiphertextError
-from sealfl.common.server_opt import ServerOpt
 from sealfl.common.testpoints import testpoint
-
-from .errors import ClientError
-from .kit import PartnerKit, kit_dir, load_kit
-from .tasks import get_task
+from sealfl.he.decrypted import (
+    check_params,
+    check_weight,
+    open_model,
+    open_stats,
+    round_metric,
+    share_to_sum,
+    update_share,
+    upload_clip,
+)
+from sealfl.he.errors import CiphertextError
+from sealfl.he.framed import WIDE
+from sealfl.he.server_opt import ServerOpt
 
 log = logging.getLogger(__name__)
 
 
 def task_of(kit: PartnerKit):
-    """The consortium's task (the kit records it; :mod:`sealfl.clients.tasks`)."""
+    """The consortium's task (the kit records it; :mod:`sealfl.clients.plugins`)."""
     return get_task(kit.task)
 
 
@@ -110,7 +118,7 @@ def decode_global_state(record: ArrayRecord, kit: PartnerKit, task=None, opt: Se
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Turn the server's ``"global"`` record into (params (P,), mean (d,), std (d,), state
     (S,)), all float64: ``state`` is what the partner uploads beside its local model
-    (``opt.wire_length(P) - P`` values, :class:`sealfl.common.server_opt.ServerOpt`; empty
+    (``opt.wire_length(P) - P`` values, :class:`sealfl.he.server_opt.ServerOpt`; empty
     for FedAvg, the default ``opt``).
 
     The same global record reaches every partner twice (the evaluate round of round t and
@@ -121,7 +129,7 @@ def decode_global_state(record: ArrayRecord, kit: PartnerKit, task=None, opt: Se
     every time.
 
     Key-holder side of FedAvg: decrypt, check against ``task.decrypt_bounds`` and round
-    (:func:`sealfl.common.decrypted.open_stats` / ``open_model``); the decrypted
+    (:func:`sealfl.he.decrypted.open_stats` / ``open_model``); the decrypted
     statistics count must equal ``stats_n`` (the total the partners declared) and the
     model weight must be a whole number of rows no larger than it. With a server optimizer
     the decrypted mean holds the optimizer's state too, and its step gives the parameters.
@@ -206,7 +214,7 @@ def _open_round(msg: Message, context: Context, consortium_dir: str | None):
 def round_opt(cfg) -> ServerOpt:
     """The campaign's server optimizer named in a round's config (FedAvg if none).
     Raises ClientError for an unknown or out-of-range one."""
-    from sealfl.common.server_opt import ServerOptError
+    from sealfl.he.errors import ServerOptError
 
     try:
         return ServerOpt.from_config(cfg)

@@ -11,5 +11,10 @@ class DataError(ClientError):
     """Partner data is missing or malformed; the message names the file/row."""
 
 
+class TaskInputError(ClientError, ValueError):
+    """A task was given values of the wrong shape or range (parameters, statistics, block
+    lengths); the message says which."""
+
+
 class KitError(ClientError):
     """A partner's startup kit is missing, unreadable or cannot be unwrapped."""

@@ -3,12 +3,15 @@
 Layout of ``<consortium>/partners/<slug>/`` (written by
 :mod:`sealfl.platform.consortium`):
 
-- ``kit.json`` -- ``{"partner", "index", "consortium", "ckks": HE parameter dict (CKKS or BFV; the key keeps its name),
-  "context_id": hex, "task"}``
+- ``kit.json`` -- ``{"partner", "index", "consortium", "he": HE parameter dict (packed BFV
+  or CKKS), "context_id": hex, "task"}``
 - ``partner_key.pem`` -- the partner's P-256 private key (mode 0600; in a real
   deployment generated at the partner's site, only the public key ever leaves it)
-- ``ckks_secret.wrapped`` -- the HE secret context wrapped to that key
-  (:mod:`sealfl.common.keywrap`, label ``b"ckks-secret-context"``)
+- ``he_secret.wrapped`` -- the HE secret context wrapped to that key
+  (:mod:`sealfl.he.kit_wrap`, label :data:`HE_SECRET_LABEL`)
+
+Kits of sealfl 0.1 are read too, for one release: ``"ckks"`` for ``"he"`` and
+``ckks_secret.wrapped`` (wrapped with the label ``b"ckks-secret-context"``).
 """
 
 from __future__ import annotations
@@ -21,13 +24,19 @@ from pathlib import Path
 
 from Crypto.PublicKey import ECC
 
-from sealfl.common import codecs
-from sealfl.common.errors import CiphertextError
-from sealfl.common.keywrap import KeyWrapError, unwrap
+from sealfl.clients.errors import KitError
+from sealfl.he import codecs
+from sealfl.he.errors import CiphertextError, KeyWrapError
+from sealfl.he.kit_wrap import unwrap
 
-from .errors import KitError
-
-CKKS_LABEL = b"ckks-secret-context"
+#: key of the HE parameters in kit.json and consortium.json
+HE_PARAMS_KEY = "he"
+#: the wrapped HE secret context in a kit, and the label authenticated with it
+HE_SECRET_FILE = "he_secret.wrapped"
+HE_SECRET_LABEL = b"he-secret-context"
+#: sealfl 0.1: (file, label) of the wrapped secret and the JSON key of the parameters
+_OLD_SECRET = ("ckks_secret.wrapped", b"ckks-secret-context")
+_OLD_PARAMS_KEY = "ckks"
 
 
 def slug(name: str) -> str:
@@ -64,7 +73,10 @@ def load_kit(path: str) -> PartnerKit:
     try:
         meta = json.loads((d / "kit.json").read_text())
         key = ECC.import_key((d / "partner_key.pem").read_bytes())
-        wrapped = (d / "ckks_secret.wrapped").read_bytes()
+        secret_file, label = HE_SECRET_FILE, HE_SECRET_LABEL
+        if not (d / secret_file).exists() and (d / _OLD_SECRET[0]).exists():
+            secret_file, label = _OLD_SECRET
+        wrapped = (d / secret_file).read_bytes()
     except FileNotFoundError as exc:
         raise KitError(f"startup kit {d} is incomplete: {exc.filename} is missing; re-issue the kit") from exc
     except (ValueError, json.JSONDecodeError) as exc:
@@ -73,11 +85,12 @@ def load_kit(path: str) -> PartnerKit:
         raise KitError(f"startup kit {d} names partner {meta.get('partner')!r}, which does not match its "
                        "directory; kit files were mixed up between partners -- re-issue the kit")
     try:
-        secret = unwrap(wrapped, key, CKKS_LABEL)
+        secret = unwrap(wrapped, key, label)
     except KeyWrapError as exc:
         raise KitError(f"startup kit {d}: {exc}") from exc
     try:
-        codec = codecs.from_bytes(secret, codecs.params_from_dict(meta["ckks"]), bytes.fromhex(meta["context_id"]))
+        params = meta.get(HE_PARAMS_KEY, meta.get(_OLD_PARAMS_KEY))
+        codec = codecs.from_bytes(secret, codecs.params_from_dict(params), bytes.fromhex(meta["context_id"]))
     except CiphertextError as exc:
         raise KitError(f"startup kit {d}: {exc}") from exc
     if not codec.has_secret_key:

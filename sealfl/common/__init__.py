@@ -1,1 +1,3 @@
-"""Code shared by two or more sealfl components (HE codec, array framing, errors)."""
+"""What every sealfl package may use: errors, atomic files, process helpers, durations,
+test pause points and the message keys partners and the aggregator share. Imports nothing
+else of sealfl."""

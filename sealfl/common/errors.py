@@ -1,34 +1,56 @@
-"""Exception hierarchy for :mod:`sealfl.common`."""
+"""The error base every sealfl package derives from, and the few errors truly shared.
+
+Each package has one base of its own (``sealfl.he.errors.HEError``,
+``sealfl.attestation.errors.AttestationError``, ``sealfl.enclave.errors.EnclaveError``,
+``sealfl.server.errors.ServerError``, ``sealfl.clients.errors.ClientError``,
+``sealfl.platform.errors.PlatformError``), all subclasses of :class:`SealflError`, so the CLI
+catches every deliberate error with one ``except``.
+"""
+
+from __future__ import annotations
+
+from sealfl._moved import moved_names_hook
+
+__all__ = ["SealflError", "Interrupted", "ProtocolError", "ProcessInfoError", "signal_name", "short_repr"]
 
 
 class SealflError(Exception):
     """Base class of every error sealfl raises on purpose."""
 
 
-class HEError(SealflError):
-    """Something about homomorphic encryption failed."""
+class Interrupted(SealflError):
+    """A signal (SIGINT, SIGTERM) stopped a long command. Raised only after every process
+    the command started is gone and its directory is consistent again (campaigns, releases,
+    ``device serve``).
+
+    Attributes:
+        signum: the signal number; ``exit_code`` is ``128 + signum`` (130 for SIGINT,
+            143 for SIGTERM), the shell convention for "killed by a signal".
+    """
+
+    def __init__(self, signum: int, message: str = ""):
+        self.signum = signum
+        self.exit_code = 128 + signum
+        super().__init__(message or f"stopped by {signal_name(signum)}")
 
 
-class CiphertextError(HEError):
-    """A ciphertext blob does not parse, belongs to another HE context, or has the
-    wrong length. The message names what was wrong; callers add who sent it."""
+class ProtocolError(SealflError, ValueError):
+    """A message record between partners and the aggregator cannot be encoded or decoded
+    (:mod:`sealfl.common.protocol`)."""
 
 
-class SecretKeyMissingError(HEError):
-    """Decryption was asked of a HE context that holds no secret key (the aggregator's)."""
+class ProcessInfoError(SealflError, ValueError):
+    """A ``/proc`` record does not have the documented layout (:mod:`sealfl.common.procs`)."""
 
 
-class DecryptedValueError(HEError):
-    """A key holder refused a decrypted aggregate: it is out of the bounds the task
-    declares, not finite, or its count differs from the declared total. Nothing derived
-    from it may be published (see :mod:`sealfl.common.decrypted`)."""
+def signal_name(signum: int) -> str:
+    """``2`` -> ``"SIGINT"`` (``"signal N"`` for numbers without a name)."""
+    import signal
 
-
-class RuntimeSandboxError(SealflError):
-    """The sandboxed inference child failed: it reported an error (its message is included),
-    crashed, exceeded its memory limit, or timed out. Raised by
-    :class:`sealfl.common.sandbox.SandboxedRuntime`, which devices and partners (scoring
-    release candidates) share; re-exported by :mod:`sealfl.enclave.errors`."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def short_repr(value, limit: int = 60) -> str:
@@ -36,3 +58,6 @@ def short_repr(value, limit: int = 60) -> str:
     input (a config may hold a 400-digit int or a megabyte string)."""
     r = repr(value)
     return r if len(r) <= limit else r[:max(limit - 3, 1)] + "..."
+
+
+__getattr__ = moved_names_hook(__name__)  # names moved out of this module in 0.2 (sealfl._moved)

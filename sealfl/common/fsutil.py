@@ -1,20 +1,33 @@
-"""Small file-system helpers: atomic writes with explicit modes, private directories.
+"""Small file-system helpers: the one atomic write (with an explicit mode and a hook before
+the rename), private directories.
 
-Used by the enclave (key and TEE state) and the aggregator (round log, checkpoints)."""
+Every file sealfl writes for keeps (keys, TEE state, consortium files, campaign status and
+checkpoints, trust anchors, policies) goes through :func:`atomic_write`, so a crash or a
+``kill -9`` leaves either the old file or the new one, never a part of either."""
 
 from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["atomic_write", "ensure_private_dir", "check_private_file"]
+__all__ = ["atomic_write", "read_capped", "ensure_private_dir", "check_private_file"]
 
 
-def atomic_write(path: str | os.PathLike, data: bytes, mode: int = 0o600) -> None:
-    """Write ``data`` to ``path`` atomically (temp file in the same dir, fsync, rename).
+def atomic_write(path: str | os.PathLike, data: bytes, mode: int = 0o600, *,
+                 before_rename: Callable[[], None] | None = None) -> None:
+    """Write ``data`` to ``path`` atomically: a temporary file ``.<name>.<random>.tmp`` in the
+    same directory, created with ``mode`` (default 0600) before any byte is written,
+    written, fsynced, renamed over ``path``; then the directory is fsynced.
 
-    The file is created with ``mode`` (default 0600) before any byte is written.
+    Args:
+        path: the file to write or replace.
+        data: its new content.
+        mode: permission bits of the new file.
+        before_rename: called after the temporary file is complete and before the rename
+            (a test pause point, e.g. ``lambda: testpoint("checkpoint", round)``); if it
+            raises, the temporary file is removed and ``path`` is unchanged.
 
     Raises:
         OSError: the directory is missing or not writable.
@@ -27,6 +40,8 @@ def atomic_write(path: str | os.PathLike, data: bytes, mode: int = 0o600) -> Non
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+        if before_rename is not None:
+            before_rename()
         os.replace(tmp, target)
     except BaseException:
         if os.path.exists(tmp):
@@ -37,6 +52,17 @@ def atomic_write(path: str | os.PathLike, data: bytes, mode: int = 0o600) -> Non
         os.fsync(dfd)
     finally:
         os.close(dfd)
+
+
+def read_capped(path: str | os.PathLike, cap: int) -> bytes:
+    """At most ``cap + 1`` bytes of the file ``path``: a caller refuses ``len(data) > cap``
+    without reading the rest of a hostile or damaged file.
+
+    Raises:
+        OSError: the file cannot be opened or read.
+    """
+    with open(path, "rb") as fh:
+        return fh.read(cap + 1)
 
 
 def ensure_private_dir(path: str | os.PathLike) -> Path:

@@ -31,6 +31,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from sealfl.common.errors import ProcessInfoError
+
 ENV_TOKEN = "SEALFL_RUN_TOKEN"
 
 __all__ = ["ENV_TOKEN", "ProcStat", "parse_stat", "read_stat", "identity", "identity_alive", "run_members",
@@ -56,7 +58,7 @@ def parse_stat(text: str) -> ProcStat:
     open_, close = text.index("("), text.rindex(")")
     rest = text[close + 2:].split()
     if len(rest) < 20:
-        raise ValueError(f"/proc stat line has {len(rest) + 2} fields, expected at least 22")
+        raise ProcessInfoError(f"/proc stat line has {len(rest) + 2} fields, expected at least 22")
     return ProcStat(pid=int(text[:open_]), comm=text[open_ + 1:close], state=rest[0], ppid=int(rest[1]),
                     pgid=int(rest[2]), sid=int(rest[3]), start=int(rest[19]))
 

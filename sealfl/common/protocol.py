@@ -39,6 +39,8 @@ import struct
 
 import numpy as np
 
+from sealfl.common.errors import ProtocolError
+
 GLOBAL = "global"
 UPDATE = "update"
 STATS = "stats"
@@ -75,7 +77,7 @@ def from_u8(arr: np.ndarray) -> bytes:
     """uint8 array -> bytes. Raises ValueError if ``arr`` is not a 1-D uint8 array."""
     arr = np.asarray(arr)
     if arr.dtype != np.uint8 or arr.ndim != 1:
-        raise ValueError(f"expected a 1-D uint8 array of ciphertext bytes, got {arr.dtype} {arr.shape}")
+        raise ProtocolError(f"expected a 1-D uint8 array of ciphertext bytes, got {arr.dtype} {arr.shape}")
     return arr.tobytes()
 
 
@@ -101,7 +103,7 @@ def _value(v) -> bytes:
     if all(hasattr(v, a) for a in ("dtype", "shape", "stype", "data")):  # flwr Array
         return b"a" + _lp(str(v.dtype).encode()) + _lp(repr(tuple(v.shape)).encode()) + _lp(str(v.stype).encode()) \
             + _lp(bytes(v.data))
-    raise TypeError(f"cannot encode a {type(v).__name__} record value")
+    raise ProtocolError(f"cannot encode a {type(v).__name__} record value")
 
 
 def content_digest(content) -> bytes:

@@ -39,7 +39,7 @@ import logging
 import os
 import threading
 
-from .errors import SealflError
+from sealfl.common.errors import SealflError
 
 log = logging.getLogger(__name__)
 

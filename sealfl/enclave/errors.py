@@ -6,7 +6,8 @@ failed and what to do.
 
 from __future__ import annotations
 
-from sealfl.common.errors import RuntimeSandboxError, SealflError
+from sealfl._moved import moved_names_hook
+from sealfl.common.errors import SealflError
 
 __all__ = [
     "EnclaveError",
@@ -19,6 +20,11 @@ __all__ = [
     "SecretNotFoundError",
     "InputSpecError",
     "InputRangeError",
+    "InputFileError",
+    "KeyBrokerError",
+    "LLMInputError",
+    "ServeOptionsError",
+    "KeyRequestRefused",
 ]
 
 
@@ -37,6 +43,13 @@ class TEEStateError(TEEError):
 class UnsealError(TEEError):
     """A sealed blob could not be unsealed: it was modified, sealed by another TEE, or the
     current PCR values differ from the policy it was sealed to (e.g. the code changed)."""
+
+
+class RuntimeSandboxError(EnclaveError):
+    """The sandboxed inference child failed: it reported an error (its message is included),
+    crashed, exceeded its memory limit, or timed out. Raised by
+    :class:`sealfl.enclave.sandbox.runtime.SandboxedRuntime`, which devices and partners
+    (scoring release candidates) share."""
 
 
 class BootError(EnclaveError):
@@ -72,3 +85,35 @@ class InputSpecError(EnclaveError):
 class InputRangeError(EnclaveError, ValueError):
     """A row given to the device's model is not finite, outside the release's documented
     feature ranges, or has an invalid one-hot group; the message names row and column."""
+
+
+class InputFileError(EnclaveError):
+    """A file of rows to score is unreadable, too large, or not a CSV of numbers with the
+    model's number of columns; the message names the file, the row and the problem."""
+
+
+class LLMInputError(EnclaveError, ValueError):
+    """The LLM runtime was given what it cannot run: messages or a prompt it cannot
+    tokenise or that exceed the context, or a release whose tokenizer, chat template or
+    generation settings do not parse (:mod:`sealfl.enclave.sandbox.llm_runtime`)."""
+
+
+class ServeOptionsError(EnclaveError, ValueError):
+    """``device serve`` was started with impossible options (slots, thread)."""
+
+
+class KeyBrokerError(EnclaveError):
+    """A key-broker step failed: the broker's files, the HTTP exchange with it, or its answer
+    (:mod:`sealfl.enclave.keybroker`, :mod:`sealfl.enclave.device.kbs_client`)."""
+
+
+class KeyRequestRefused(KeyBrokerError):
+    """The broker refused a key request; ``check`` names the failed check (``nonce``,
+    ``request``, ``ak``, ``evidence``, ``policy``, ``key``, ``rate``)."""
+
+    def __init__(self, message: str, *, check: str) -> None:
+        super().__init__(message)
+        self.check = check
+
+
+__getattr__ = moved_names_hook(__name__)  # names moved out of this module in 0.2 (sealfl._moved)

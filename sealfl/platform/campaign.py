@@ -5,14 +5,14 @@ runs the aggregator and the partners in a worker process tree
 (:mod:`sealfl.platform.supervisor`; Ray: :mod:`sealfl.platform.simulate`), reports
 progress from ``rounds.jsonl`` and, once that tree is gone, reads the outcome. Stopped
 by a signal, it brings the directory level with the last committed round, records
-``interrupted`` and raises :class:`~sealfl.platform.errors.Interrupted`; the process
+``interrupted`` and raises :class:`~sealfl.common.errors.Interrupted`; the process
 tree is gone by then, so nothing else writes the directory.
 """
 
 from __future__ import annotations
 
-import math
 import logging
+import math
 import os
 import signal
 import time
@@ -20,21 +20,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from sealfl.clients.tasks import get_task
-from sealfl.common import codecs
-from sealfl.common.errors import SealflError
+from sealfl.clients.plugins import get_task
+from sealfl.common.errors import Interrupted, SealflError, signal_name
 from sealfl.common.procs import identity
 from sealfl.common.seconds import MAX_SECONDS, is_seconds
-from sealfl.common.server_opt import ServerOpt
+from sealfl.he import codecs
+from sealfl.he.server_opt import ServerOpt
+from sealfl.platform.consortium import Consortium
+from sealfl.platform.errors import CampaignError
+from sealfl.platform.partner_keys import partner_public_keys
+from sealfl.platform.simulate import plan_ray, ray_environment
+from sealfl.platform.supervisor import requested, run_worker
 from sealfl.server.app import ServerConfig
 from sealfl.server.bookkeeping import CampaignDir
 from sealfl.server.errors import CampaignDirError
-
-from .consortium import Consortium
-from .errors import CampaignError, Interrupted, signal_name
-from .partner_keys import partner_public_keys
-from .simulate import plan_ray, ray_environment
-from .supervisor import requested, run_worker
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +56,7 @@ class CampaignSpec:
         max_examples: cap on the row count any partner may declare (the aggregator
             refuses larger ones; see :class:`sealfl.server.validation.ReplyLimits`).
         server_opt: the server optimizer the key holders run on each decrypted aggregate
-            (:class:`sealfl.common.server_opt.ServerOpt`; default FedAvg).
+            (:class:`sealfl.he.server_opt.ServerOpt`; default FedAvg).
         proximal_mu: FedProx's proximal term weight μ for local training (Li et al., MLSys
             2020; ``None``: the task's default, 0); only for tasks whose training settings
             include ``proximal-mu``.
@@ -139,7 +138,7 @@ def check_public_context(cons: Consortium) -> None:
     Raises CampaignError naming the file."""
     path = cons.public_context
     try:
-        codec = codecs.from_bytes(path.read_bytes(), cons.ckks, bytes.fromhex(cons.context_id))
+        codec = codecs.from_bytes(path.read_bytes(), cons.he_params, bytes.fromhex(cons.context_id))
     except (OSError, ValueError, SealflError) as exc:  # CiphertextError is a SealflError
         raise CampaignError(f"the aggregator's HE context {path} is unusable ({exc}); restore it from the "
                             "consortium's backup or create the consortium again") from exc
@@ -216,14 +215,15 @@ def run_campaign(spec: CampaignSpec, on_round: Callable[[dict], None] | None = N
         raise CampaignError(str(exc)) from exc
     task = get_task(cons.task)
     n = len(cons.partners)
-    ServerConfig(
+    config = ServerConfig(
         campaign_dir=str(cd.dir.resolve()), public_context=str(cons.public_context.resolve()),
-        context_id=cons.context_id, ckks=cons.ckks.to_dict(), num_partners=n, min_partners=min_partners,
+        context_id=cons.context_id, he=cons.he_params.to_dict(), num_partners=n, min_partners=min_partners,
         num_rounds=spec.rounds, n_params=task.n_params, stats_length=task.stats_length,
         initial_params=task.init_params().tolist(), train=train_config(task, spec),
         timeout_s=spec.timeout_s, partners=list(cons.partners), partner_keys=partner_public_keys(cons),
         max_examples=spec.max_examples,
-    ).save(cd.config_path)
+    )
+    cd.write_config(config.to_dict())
     job = {"kind": "campaign", "campaign_dir": str(cd.dir.resolve()), "consortium_dir": str(cons.dir.resolve()),
            "num_supernodes": n, "client_app": client_app, "client_app_kwargs": client_app_kwargs or {},
            "app_dir": app_dir, "ray": plan, "flower_log_level": spec.flower_log_level}

@@ -17,10 +17,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from sealfl.attestation.canary import CANARY_SCHEMA, parse_canary, check_canary
-
-from .errors import ReleaseError
-from .onnx_ref import run_reference
+from sealfl.attestation.canary import CANARY_SCHEMA, check_canary, parse_canary
+from sealfl.platform.errors import ReleaseError
+from sealfl.platform.onnx_ref import run_reference
 
 __all__ = ["CANARY_TOLERANCE", "canary_rows", "build_canary", "self_check"]
 

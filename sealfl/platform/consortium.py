@@ -1,12 +1,15 @@
 """Consortium set-up: the HE key ceremony and the partners' startup kits.
 
-``create_consortium(dir, name, partners)`` writes::
+``create_consortium(dir, name, partners)`` writes (every file atomically)::
 
-    consortium.json                 name, partners, HE params (CKKS, or BFV with --he bfv), context id, task
-    aggregator/public.ckks          public HE context: NO secret key (checked on write)
+    consortium.json                 name, partners, "he": HE params (CKKS or packed BFV), context id, task
+    aggregator/public.he            public HE context: NO secret key (checked on write)
     partners/<slug>/kit.json        see sealfl.clients.kit
     partners/<slug>/partner_key.pem partner's P-256 private key (0600)
-    partners/<slug>/ckks_secret.wrapped  HE secret context wrapped to that key
+    partners/<slug>/he_secret.wrapped  HE secret context wrapped to that key
+
+Consortia of sealfl 0.1 are read too, for one release: ``"ckks"`` for ``"he"`` in the JSON
+files, ``aggregator/public.ckks`` and ``ckks_secret.wrapped`` (:data:`OLD_NAMES`).
 
 The HE secret context exists in memory only during the ceremony; on disk it is only
 ever wrapped (to each partner key) or, for the release enclave, sealed by the TEE
@@ -20,74 +23,111 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from Crypto.PublicKey import ECC
 
+from sealfl.attestation.canonical import parse_object
 from sealfl.clients.errors import ClientError
-from sealfl.clients.tasks import get_task
-from sealfl.clients.kit import CKKS_LABEL, kit_dir, slug
-from sealfl.common import codecs
-from sealfl.common.errors import CiphertextError
-from sealfl.common.keywrap import wrap
+from sealfl.clients.kit import HE_PARAMS_KEY, HE_SECRET_FILE, HE_SECRET_LABEL, kit_dir, slug
+from sealfl.clients.plugins import get_task
+from sealfl.common.fields import Fields
+from sealfl.common.fsutil import atomic_write, read_capped
+from sealfl.he import codecs
+from sealfl.he.errors import CiphertextError
+from sealfl.he.kit_wrap import wrap
+from sealfl.platform.errors import ConsortiumError
 
-from .errors import ConsortiumError
+__all__ = ["Consortium", "create_consortium", "PUBLIC_CONTEXT_FILE", "OLD_NAMES"]
 
 log = logging.getLogger(__name__)
+
+CONSORTIUM_FILE = "consortium.json"
+#: the aggregator's public HE context (no secret key), relative to the consortium directory
+PUBLIC_CONTEXT_FILE = "aggregator/public.he"
+#: sealfl 0.1 names still read for one release: new name -> old name
+OLD_NAMES = {PUBLIC_CONTEXT_FILE: "aggregator/public.ckks", HE_PARAMS_KEY: "ckks"}
+_MAX_FILE = 1 << 20
 
 
 @dataclass(frozen=True)
 class Consortium:
-    """A loaded ``consortium.json``."""
+    """A loaded ``consortium.json``.
+
+    Attributes:
+        dir: the consortium directory.
+        name: the consortium's name.
+        partners: partner names, in kit order.
+        he_params: the HE parameters partners encrypt with (packed BFV or CKKS).
+        context_id: hex id of the HE context.
+        task: the task plug-in's name (:mod:`sealfl.clients.plugins`).
+    """
 
     dir: Path
     name: str
     partners: list[str]
-    ckks: codecs.Params  # the campaign's HE parameters: CKKS (default) or packed BFV (the name is kept)
+    he_params: codecs.Params
     context_id: str
     task: str
 
     @property
     def public_context(self) -> Path:
-        return self.dir / "aggregator" / "public.ckks"
+        """The aggregator's public HE context file (sealfl 0.1's name if only that exists)."""
+        new = self.dir / PUBLIC_CONTEXT_FILE
+        old = self.dir / OLD_NAMES[PUBLIC_CONTEXT_FILE]
+        return old if not new.exists() and old.exists() else new
 
     @classmethod
     def load(cls, d: str | Path) -> "Consortium":
-        """Raises ConsortiumError if ``d`` holds no consortium."""
+        """Read ``d/consortium.json``.
+
+        Raises:
+            ConsortiumError: ``d`` holds no consortium, or the file is not a JSON object
+                with the fields above (the message names the field).
+        """
         d = Path(d)
+        path = d / CONSORTIUM_FILE
         try:
-            meta = json.loads((d / "consortium.json").read_text())
+            data = read_capped(path, _MAX_FILE)
         except FileNotFoundError as exc:
-            raise ConsortiumError(f"{d} is not a consortium directory (no consortium.json); run 'sealfl consortium create'") from exc
+            raise ConsortiumError(f"{d} is not a consortium directory (no {CONSORTIUM_FILE}); run 'sealfl consortium "
+                                  "create'") from exc
+        except OSError as exc:
+            raise ConsortiumError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        if len(data) > _MAX_FILE:
+            raise ConsortiumError(f"{path} is larger than {_MAX_FILE} bytes; it is not a consortium file")
+        fields = Fields(str(path), ConsortiumError)
+        meta = parse_object(data, fields, "restore it or create the consortium again")
+        key = HE_PARAMS_KEY if HE_PARAMS_KEY in meta else OLD_NAMES[HE_PARAMS_KEY]
+        name = fields.get(meta, "name", "string", max_len=256)
+        partners = fields.get(meta, "partners", "array", nonempty=True, max_len=10_000)
+        for i, p in enumerate(partners):
+            fields.string(p, f"partners[{i}]", max_len=256)
+        he = fields.get(meta, key, "object")
+        context_id = fields.get(meta, "context_id", "string", max_len=128)
+        task = fields.get(meta, "task", "string", max_len=64)
         try:
-            params = codecs.params_from_dict(meta["ckks"])
+            params = codecs.params_from_dict(he)
         except CiphertextError as exc:
-            raise ConsortiumError(f"{d}/consortium.json: {exc}") from exc
-        return cls(d, meta["name"], list(meta["partners"]), params, meta["context_id"], meta["task"])
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
+            raise ConsortiumError(f"{path}: field {key!r}: {exc}") from exc
+        return cls(d, name, list(partners), params, context_id, task)
 
 
 def create_consortium(d: str | Path, name: str, partners: list[str], *, params: codecs.Params | None = None,
                       task: str = "heart") -> tuple[Consortium, codecs.Codec]:
     """Run the key ceremony and write the consortium directory.
 
-    ``params`` picks the HE scheme (:mod:`sealfl.common.codecs`; default CKKS).
+    ``params`` picks the HE scheme (:mod:`sealfl.he.codecs`; default CKKS).
     Returns the loaded :class:`Consortium` and the SECRET codec (so the caller can seal it
     into the release enclave; drop it afterwards).
     Raises ConsortiumError if ``d`` is not empty, partner names collide (also after
     mapping to directory names), ``task`` is not a registered task
-    (:mod:`sealfl.clients.tasks`), or a partner has no data for it.
+    (:mod:`sealfl.clients.plugins`), or a partner has no data for it.
     """
     d = Path(d)
-    if (d / "consortium.json").exists():
+    if (d / CONSORTIUM_FILE).exists():
         raise ConsortiumError(f"{d} already holds a consortium; choose another directory")
     if d.exists() and (not d.is_dir() or any(d.iterdir())):
         raise ConsortiumError(f"{d} exists and is not an empty directory; choose a new directory")
@@ -109,7 +149,7 @@ def create_consortium(d: str | Path, name: str, partners: list[str], *, params: 
     secret = codec.secret_context_bytes()
     public = codec.public_context_bytes()
     (d / "aggregator").mkdir(parents=True, exist_ok=True)
-    (d / "aggregator" / "public.ckks").write_bytes(public)
+    atomic_write(d / PUBLIC_CONTEXT_FILE, public, 0o644)
     check = codecs.from_bytes(public, codec.params, codec.context_id)
     if check.has_secret_key:  # the aggregator must never get a secret key
         raise ConsortiumError("internal error: the public HE context still holds the secret key")
@@ -117,17 +157,17 @@ def create_consortium(d: str | Path, name: str, partners: list[str], *, params: 
         kd = kit_dir(d, partner)
         kd.mkdir(parents=True, exist_ok=True)
         key = ECC.generate(curve="P-256")
-        _write_private(kd / "partner_key.pem", key.export_key(format="PEM").encode())
-        (kd / "partner_key.pub.pem").write_text(key.public_key().export_key(format="PEM"))
-        (kd / "ckks_secret.wrapped").write_bytes(wrap(secret, key.public_key(), CKKS_LABEL))
-        (kd / "kit.json").write_text(json.dumps({
-            "partner": partner, "index": i, "consortium": name, "ckks": codec.params.to_dict(),
+        atomic_write(kd / "partner_key.pem", key.export_key(format="PEM").encode(), 0o600)
+        atomic_write(kd / "partner_key.pub.pem", key.public_key().export_key(format="PEM").encode(), 0o644)
+        atomic_write(kd / HE_SECRET_FILE, wrap(secret, key.public_key(), HE_SECRET_LABEL), 0o600)
+        atomic_write(kd / "kit.json", json.dumps({
+            "partner": partner, "index": i, "consortium": name, HE_PARAMS_KEY: codec.params.to_dict(),
             "context_id": codec.context_id.hex(), "task": task,
-        }, indent=2))
-    (d / "consortium.json").write_text(json.dumps({
-        "name": name, "partners": partners, "ckks": codec.params.to_dict(), "context_id": codec.context_id.hex(),
-        "task": task, "created": time.time(),
-    }, indent=2))
+        }, indent=2).encode(), 0o644)
+    atomic_write(d / CONSORTIUM_FILE, json.dumps({
+        "name": name, "partners": partners, HE_PARAMS_KEY: codec.params.to_dict(),
+        "context_id": codec.context_id.hex(), "task": task, "created": time.time(),
+    }, indent=2).encode(), 0o644)
     log.info("consortium %s: %d partner kits, HE %s, in %.1f s", name, len(partners), codec.params.to_dict(),
              time.perf_counter() - t0)
     return Consortium.load(d), codec

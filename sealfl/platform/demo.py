@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 from pathlib import Path
 
@@ -17,16 +16,15 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from sealfl.clients.data import HOSPITALS, load_partitions
+from sealfl.clients.heart.data import HOSPITALS, load_partitions
 from sealfl.common.fsutil import atomic_write
-from sealfl.common import codecs
-
-from . import supervisor
-from .campaign import CampaignSpec
-from .consortium import Consortium, create_consortium
-from .errors import PlatformError
-from .progress import run_campaign_with_progress
-from .release import provision_release_enclave, release, trust_dir
+from sealfl.he import codecs
+from sealfl.platform import supervisor
+from sealfl.platform.campaign import CampaignSpec
+from sealfl.platform.consortium import Consortium, create_consortium
+from sealfl.platform.outdir import prepare_owned_dir
+from sealfl.platform.progress import run_campaign_with_progress
+from sealfl.platform.release import provision_release_enclave, release, trust_dir
 
 log = logging.getLogger(__name__)
 MARKER = ".sealfl-demo"
@@ -40,26 +38,12 @@ OWNED = {MARKER, "consortium", "campaign", "release", "device-state", "report.js
 
 def _prepare(out: Path) -> None:
     """Empty ``out`` of an earlier demo's files; refuse to touch anything else."""
-    if out.exists():
-        if not out.is_dir():
-            raise PlatformError(f"{out} is a file; choose another --out")
-        names = {p.name for p in out.iterdir()}
-        if names and MARKER not in names:
-            raise PlatformError(f"{out} exists and is not an earlier demo output; choose another --out")
-        foreign = names - OWNED
-        if foreign:
-            raise PlatformError(f"{out} holds files the demo did not write ({', '.join(sorted(foreign))}); "
-                                "move them or choose another --out")
-        for name in names:
-            p = out / name
-            shutil.rmtree(p) if p.is_dir() else p.unlink()
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text("written by sealfl demo; replaced on the next run\n")
+    prepare_owned_dir(out, MARKER, OWNED, "demo")
 
 
 def _measured_server_secret(cons: Consortium) -> bool:
     """Load the aggregator's context file exactly as the aggregator does and ask TenSEAL."""
-    codec = codecs.from_bytes(cons.public_context.read_bytes(), cons.ckks, bytes.fromhex(cons.context_id))
+    codec = codecs.from_bytes(cons.public_context.read_bytes(), cons.he_params, bytes.fromhex(cons.context_id))
     return codec.has_secret_key
 
 
@@ -68,12 +52,12 @@ def run_demo(out: Path, *, rounds: int = 10, ray_address: str | None = None, con
 
     Raises PlatformError if ``out`` holds something other than an earlier demo, any
     campaign/release/boot error with its own message, and
-    :class:`~sealfl.platform.errors.Interrupted` on SIGINT/SIGTERM (inside
+    :class:`~sealfl.common.errors.Interrupted` on SIGINT/SIGTERM (inside
     :func:`~sealfl.platform.supervisor.interruptible`; acted on between steps, and at once
     while Ray runs). ``report.json`` is written last, atomically: it exists only for a
     demo that ran to its end.
     """
-    from sealfl.enclave.device import boot
+    from sealfl.enclave.device.boot import boot
 
     console = console or Console()
     out = Path(out)
@@ -88,7 +72,7 @@ def run_demo(out: Path, *, rounds: int = 10, ray_address: str | None = None, con
     console.print(f"partners: {', '.join(cons.partners)}  ({time.perf_counter() - t0:.1f} s)")
     supervisor.check()
 
-    console.rule(f"[bold]2. encrypted campaign: {rounds} rounds of {cons.ckks.to_dict()['scheme']} FedAvg on Ray")
+    console.rule(f"[bold]2. encrypted campaign: {rounds} rounds of {cons.he_params.to_dict()['scheme']} FedAvg on Ray")
     camp = run_campaign_with_progress(
         CampaignSpec(str(cons.dir), str(out / "campaign"), rounds=rounds, ray_address=ray_address), console)
     last = camp.rounds[-1]
@@ -140,7 +124,7 @@ def run_demo(out: Path, *, rounds: int = 10, ray_address: str | None = None, con
         "trust": {"dir": str(trust_dir(cons))},
         "ray": camp.ray,
         "he": {
-            **cons.ckks.to_dict(),
+            **cons.he_params.to_dict(),
             "bytes_per_round": he_bytes,
             "aggregate_bytes": last["aggregate_bytes"],
             "expansion": he_bytes / fp32_bytes,

@@ -1,6 +1,9 @@
 """Exception hierarchy for :mod:`sealfl.platform`."""
 
-from sealfl.common.errors import SealflError
+from sealfl.common.errors import Interrupted, SealflError, signal_name  # noqa: F401  (Interrupted, signal_name: moved to sealfl.common.errors in 0.2; re-exported for one release)
+
+__all__ = ["PlatformError", "ConsortiumError", "CampaignError", "ReleaseError", "QuantizeError", "OnnxReferenceError",
+           "SimulationError", "WorkerError"]
 
 
 class PlatformError(SealflError):
@@ -19,35 +22,20 @@ class ReleaseError(PlatformError):
     """The release pipeline refused to release (e.g. the INT8 accuracy gate)."""
 
 
+class QuantizeError(ReleaseError, ValueError):
+    """A model cannot be quantised (:mod:`sealfl.platform.quantize`,
+    :mod:`sealfl.platform.llm.quantize`): not the expected graph or weights."""
+
+
+class OnnxReferenceError(ReleaseError, ValueError):
+    """The NumPy re-implementation of the released ONNX operators cannot run a model
+    (:mod:`sealfl.platform.onnx_ref`)."""
+
+
 class SimulationError(PlatformError):
     """Ray could not be started or reached for a Flower simulation run."""
-
-
-class Interrupted(PlatformError):
-    """A signal (SIGINT, SIGTERM) stopped a long command. Raised only after every process
-    the command started is gone and its directory is consistent again.
-
-    Attributes:
-        signum: the signal number; ``exit_code`` is ``128 + signum`` (130 for SIGINT,
-            143 for SIGTERM), the shell convention for "killed by a signal".
-    """
-
-    def __init__(self, signum: int, message: str = ""):
-        self.signum = signum
-        self.exit_code = 128 + signum
-        super().__init__(message or f"stopped by {signal_name(signum)}")
 
 
 class WorkerError(SimulationError):
     """The worker process that runs Flower and Ray failed or died; the message says how
     and names its log file."""
-
-
-def signal_name(signum: int) -> str:
-    """``2`` -> ``"SIGINT"`` (``"signal N"`` for numbers without a name)."""
-    import signal
-
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"

@@ -21,14 +21,14 @@ import tempfile
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from sealfl.common.errors import Interrupted
+from sealfl.platform.consortium import Consortium
+from sealfl.platform.errors import ReleaseError
+from sealfl.platform.partner_keys import partner_public_keys
+from sealfl.platform.simulate import plan_ray, ray_environment
+from sealfl.platform.supervisor import run_worker
 from sealfl.server.errors import ReplyError
 from sealfl.server.validation import ReplyLimits, check_candidate_counts
-
-from .consortium import Consortium
-from .errors import Interrupted, ReleaseError
-from .partner_keys import partner_public_keys
-from .simulate import plan_ray, ray_environment
-from .supervisor import run_worker
 
 #: largest result file read back (a few hundred bytes per partner and candidate)
 MAX_RESULT_BYTES = 1 << 20

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from sealfl.platform.errors import OnnxReferenceError
+
 __all__ = ["SUPPORTED_OPS", "run_reference"]
 
 _DTYPES = {1: np.float32, 2: np.uint8, 3: np.int8, 6: np.int32, 7: np.int64, 11: np.float64}
@@ -47,7 +49,7 @@ def _matmul_integer(ins, at):
     b = ins[1].astype(np.int64) - (ins[3].astype(np.int64) if len(ins) > 3 and ins[3] is not None else 0)
     acc = a @ b
     if np.any(np.abs(acc) >= 2**31):
-        raise ValueError("MatMulInteger overflows int32")
+        raise OnnxReferenceError("MatMulInteger overflows int32")
     return acc.astype(np.int32)
 
 
@@ -120,13 +122,13 @@ def run_reference(model_bytes: bytes, feeds: Mapping[str, np.ndarray]) -> list[n
         if inp.name in env:
             continue
         if inp.name not in feeds:
-            raise ValueError(f"missing model input {inp.name!r}")
+            raise OnnxReferenceError(f"missing model input {inp.name!r}")
         arr = np.asarray(feeds[inp.name])
         env[inp.name] = arr.astype(np.float32) if arr.dtype.kind == "f" else arr
     for node in graph.node:
         op = _OPS.get(node.op_type)
         if op is None or node.domain not in ("", "ai.onnx"):
-            raise ValueError(f"the NumPy reference does not implement operator {node.domain or ''}{node.op_type!r}")
+            raise OnnxReferenceError(f"the NumPy reference does not implement operator {node.domain or ''}{node.op_type!r}")
         ins = [env[n] if n else None for n in node.input]
         env[node.output[0]] = np.asarray(op(ins, _attrs(node)))
     return [env[o.name] for o in graph.output]

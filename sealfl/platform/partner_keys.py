@@ -12,9 +12,9 @@ from __future__ import annotations
 from sealfl.attestation.errors import KeyFormatError
 from sealfl.attestation.keys import load_public_key
 from sealfl.clients.kit import kit_dir
-
-from .consortium import Consortium
-from .errors import ConsortiumError
+from sealfl.common.fsutil import read_capped
+from sealfl.platform.consortium import Consortium
+from sealfl.platform.errors import ConsortiumError
 
 #: the largest PEM file read for one public key (a P-256 SubjectPublicKeyInfo PEM is ~180 bytes)
 MAX_PEM_BYTES = 4096
@@ -30,8 +30,7 @@ def partner_public_keys(cons: Consortium) -> dict[str, str]:
     for partner in cons.partners:
         path = kit_dir(cons.dir, partner) / "partner_key.pub.pem"
         try:
-            with open(path, "rb") as fh:
-                pem = fh.read(MAX_PEM_BYTES + 1)
+            pem = read_capped(path, MAX_PEM_BYTES)
         except OSError as exc:
             raise ConsortiumError(f"cannot read the public key of partner {partner!r} ({path}): {exc}; "
                                   "ask the partner for its partner_key.pub.pem") from exc

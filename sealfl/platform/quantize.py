@@ -50,6 +50,8 @@ import logging
 
 import numpy as np
 
+from sealfl.platform.errors import QuantizeError
+
 __all__ = ["SCHEME", "ACT_QMAX", "WEIGHT_QMAX", "ACT_ZERO_POINT", "quantize_int8", "quantize_weights"]
 
 log = logging.getLogger(__name__)
@@ -82,7 +84,7 @@ def quantize_weights(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """
     w = np.asarray(w, dtype=np.float32)
     if w.ndim != 2:
-        raise ValueError(f"weights must be 2-D (K, M), got shape {w.shape}")
+        raise QuantizeError(f"weights must be 2-D (K, M), got shape {w.shape}")
     s = np.maximum(np.abs(w).max(axis=0, keepdims=True), _TINY) / np.float32(WEIGHT_QMAX)
     q = np.clip(np.rint(w / s), -WEIGHT_QMAX, WEIGHT_QMAX).astype(np.int8)
     return q, s.astype(np.float32)
@@ -154,7 +156,7 @@ def quantize_int8(model_bytes: bytes) -> bytes:
     try:
         model = onnx.load_from_string(model_bytes)
     except Exception as exc:  # protobuf raises DecodeError and others
-        raise ValueError(f"INT8 quantisation: not an ONNX model: {exc}") from exc
+        raise QuantizeError(f"INT8 quantisation: not an ONNX model: {exc}") from exc
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
     nodes, added, replaced = [], [], 0
@@ -182,7 +184,7 @@ def quantize_int8(model_bytes: bytes) -> bytes:
         added += new_inits
         replaced += 1
     if not replaced:
-        raise ValueError("INT8 quantisation: the model has no Gemm/MatMul with a constant 2-D float weight")
+        raise QuantizeError("INT8 quantisation: the model has no Gemm/MatMul with a constant 2-D float weight")
     used = {name for n in nodes for name in n.input}
     kept = [init for init in graph.initializer if init.name in used]
     del graph.node[:]
@@ -192,6 +194,6 @@ def quantize_int8(model_bytes: bytes) -> bytes:
     try:
         onnx.checker.check_model(model)
     except Exception as exc:
-        raise ValueError(f"INT8 quantisation produced an invalid model: {exc}") from exc
+        raise QuantizeError(f"INT8 quantisation produced an invalid model: {exc}") from exc
     log.info("INT8: replaced %d Gemm/MatMul node(s) with per-row int8 MatMulInteger", replaced)
     return model.SerializeToString()

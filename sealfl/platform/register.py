@@ -20,20 +20,18 @@ import contextlib
 import fcntl
 import json
 import os
-import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from sealfl.common.fields import Fields
 from sealfl.common.fsutil import atomic_write
-
-from .errors import ReleaseError
+from sealfl.platform.errors import ReleaseError
 
 REGISTER = "releases.json"
 LOCK = ".releases.lock"
 MAX_VERSION = 2**31 - 1
 STATES = ("reserved", "issued")
-_HEX64 = re.compile(r"\A[0-9a-f]{64}\Z")
 
 __all__ = ["REGISTER", "MAX_VERSION", "parse_register", "check_new_version", "read_register", "reserve",
            "unreserve", "mark_issued", "register_lock"]
@@ -52,24 +50,19 @@ def parse_register(data: bytes, where: str = REGISTER) -> list[dict]:
         entries = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ReleaseError(f"{where} is not JSON ({exc}); {fix}") from exc
-    if not isinstance(entries, list):
-        raise ReleaseError(f"{where} is not a JSON list; {fix}")
+    Fields(where, lambda m: ReleaseError(f"{m}; {fix}")).array(entries, "")
     seen: set[int] = set()
     out = []
     for i, e in enumerate(entries):
-        if not isinstance(e, dict):
-            raise ReleaseError(f"{where}: entry {i} is not an object; {fix}")
-        v = e.get("version")
-        if not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_VERSION):
-            raise ReleaseError(f"{where}: entry {i} field 'version' is {v!r}, not an integer in [0, {MAX_VERSION}]; {fix}")
+        fields = Fields(f"{where}: entry {i}", lambda m: ReleaseError(f"{m}; {fix}"))
+        fields.object(e, "")
+        v = fields.get(e, "version", "integer", lo=0, hi=MAX_VERSION)
         if v in seen:
             raise ReleaseError(f"{where}: version {v} appears twice; {fix}")
         seen.add(v)
-        state = e.get("state", "issued")
-        if state not in STATES:
-            raise ReleaseError(f"{where}: entry {i} field 'state' is {state!r}, expected reserved or issued; {fix}")
-        if state == "issued" and not (isinstance(e.get("root_digest"), str) and _HEX64.match(e["root_digest"])):
-            raise ReleaseError(f"{where}: entry {i} (version {v}) field 'root_digest' is not 64 hex digits; {fix}")
+        state = fields.get(e, "state", "choice", default="issued", choices=STATES)
+        if state == "issued":
+            fields.get(e, "root_digest", "hex64")
         out.append({**e, "state": state})
     return out
 
@@ -77,8 +70,7 @@ def parse_register(data: bytes, where: str = REGISTER) -> list[dict]:
 def check_new_version(entries: list[dict], version: int) -> None:
     """Refuse ``version`` unless it is newer than every registered one, reserved or
     issued. Pure. Raises ReleaseError that names the next usable version."""
-    if not (isinstance(version, int) and not isinstance(version, bool) and 0 <= version <= MAX_VERSION):
-        raise ReleaseError(f"version {version!r} is not an integer in [0, {MAX_VERSION}]")
+    Fields("release", ReleaseError).integer(version, "version", lo=0, hi=MAX_VERSION)
     if not entries:
         return
     latest = max(entries, key=lambda e: e["version"])

@@ -25,21 +25,21 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sealfl.clients.tasks import get_task
-from sealfl.common.errors import CiphertextError, DecryptedValueError
-from sealfl.common.server_opt import ServerOpt, ServerOptError
-from sealfl.enclave.keyholder import KeyHolder
-from sealfl.enclave.release_enclave import ReleaseEnclave
+from sealfl.clients.plugins import get_task
+from sealfl.common.errors import Interrupted, signal_name
+from sealfl.enclave.release.enclave import ReleaseEnclave
+from sealfl.enclave.release.keyholder import KeyHolder
+from sealfl.he.errors import CiphertextError, DecryptedValueError, ServerOptError
+from sealfl.he.server_opt import ServerOpt
+from sealfl.platform import supervisor
+from sealfl.platform.canary import build_canary, canary_rows, self_check
+from sealfl.platform.consortium import Consortium
+from sealfl.platform.errors import ReleaseError
+from sealfl.platform.fedeval import federated_evaluate
+from sealfl.platform.quantize import SCHEME, quantize_int8
+from sealfl.platform.register import check_new_version, mark_issued, read_register, reserve, unreserve
 from sealfl.server.bookkeeping import CampaignDir
 from sealfl.server.errors import CampaignDirError
-
-from . import supervisor
-from .canary import build_canary, canary_rows, self_check
-from .consortium import Consortium
-from .errors import Interrupted, ReleaseError, signal_name
-from .fedeval import federated_evaluate
-from .quantize import SCHEME, quantize_int8
-from .register import check_new_version, mark_issued, read_register, reserve, unreserve
 
 log = logging.getLogger(__name__)
 MODEL_FILE = "model.int8.onnx"
@@ -97,29 +97,12 @@ def finished_checkpoint(campaign_dir: str | Path) -> dict:
     return ckpt
 
 
-def _train_section(campaign_dir: str | Path) -> dict:
-    """The ``train`` object of a campaign's ``server_config.json``. Raises OSError
-    (FileNotFoundError if there is none), or ValueError if it is not JSON or holds no
-    ``train`` object."""
-    import json
-
-    path = CampaignDir(campaign_dir).config_path
-    try:
-        cfg = json.loads(path.read_text())
-    except RecursionError as exc:
-        raise ValueError(f"{path} nests too deeply") from exc
-    train = cfg.get("train") if isinstance(cfg, dict) else None
-    if not isinstance(train, dict):
-        raise ValueError(f"{path} has no 'train' object")
-    return train
-
-
 def campaign_train_config(campaign_dir: str | Path) -> dict:
     """The training settings the campaign sent its partners (its ``server_config.json``),
     so the gate's partners tokenise their text as they did; {} if unreadable."""
     try:
-        train = _train_section(campaign_dir)
-    except (OSError, ValueError):
+        train = CampaignDir(campaign_dir).read_train_config()
+    except CampaignDirError:
         return {}
     return {k: v for k, v in train.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
 
@@ -128,7 +111,7 @@ def campaign_server_opt(campaign_dir: str | Path, *, missing_ok: bool = True) ->
     """The server optimizer a campaign ran, from its ``server_config.json`` (FedAvg if the
     training settings name none, or -- with ``missing_ok`` -- if there is no such file: a
     campaign of another optimizer is then refused by the aggregate's length and settings
-    tag, :mod:`sealfl.common.server_opt`). Unlike :func:`campaign_train_config` nothing is
+    tag, :mod:`sealfl.he.server_opt`). Unlike :func:`campaign_train_config` nothing is
     dropped: every ``server-*`` value goes to :meth:`ServerOpt.from_config` as written.
 
     Raises:
@@ -136,17 +119,18 @@ def campaign_server_opt(campaign_dir: str | Path, *, missing_ok: bool = True) ->
             ``train`` section is not an object, a ``server-*`` key is unknown, or a
             setting is bad.
     """
-    from sealfl.common.server_opt import KEYS
+    from sealfl.he.server_opt import KEYS
 
-    path = CampaignDir(campaign_dir).config_path
-    try:
-        train = _train_section(campaign_dir)
-    except FileNotFoundError as exc:
+    cd = CampaignDir(campaign_dir)
+    path = cd.config_path
+    if not cd.has_config():
         if not missing_ok:
-            raise ServerOptError(f"cannot read the campaign's server optimizer: {path} is missing") from exc
+            raise ServerOptError(f"cannot read the campaign's server optimizer: {path} is missing")
         log.warning("%s is missing: opening the aggregate as FedAvg's", path)
         return ServerOpt()
-    except (OSError, ValueError) as exc:
+    try:
+        train = cd.read_train_config()
+    except CampaignDirError as exc:
         raise ServerOptError(f"cannot read the campaign's server optimizer: {exc}") from exc
     unknown = sorted(k for k in train if isinstance(k, str) and k.startswith("server-")
                      and k not in KEYS.values() and k != "server-round")
@@ -169,7 +153,7 @@ def campaign_test_counts(campaign_dir: str | Path) -> dict[str, int]:
 def open_final_model(keys: KeyHolder, ckpt: dict, task, campaign_dir) -> tuple:
     """Decrypt the final checkpoint inside the release enclave, checked and rounded
     (:meth:`KeyHolder.open_model`, :meth:`KeyHolder.open_stats`), with the campaign's server
-    optimizer's last step (:mod:`sealfl.common.server_opt`, named in its server_config.json):
+    optimizer's last step (:mod:`sealfl.he.server_opt`, named in its server_config.json):
     returns (params, mean, std).
 
     Raises ReleaseError (nothing is released) if a decrypted value is out of the task's
@@ -205,11 +189,6 @@ def check_gate(fp32_accuracy: float, int8_accuracy: float, max_drop: float) -> N
             f"{fp32_accuracy:.4f} (allowed: {100 * max_drop:.2f}); not releasing")
 
 
-def issued_versions(cons: Consortium) -> list[dict]:
-    """The consortium's release register (see :mod:`sealfl.platform.register`)."""
-    return read_register(cons.dir)
-
-
 def _holds_files(d: Path) -> bool:
     return d.is_dir() and any(d.iterdir())
 
@@ -233,8 +212,41 @@ class ReleaseResult:
     seconds: float
 
 
+@dataclass(frozen=True)
+class ReleaseJob:
+    """What every release builder is given (:data:`BUILDERS`).
+
+    Attributes:
+        cons: the consortium.
+        task: its task plug-in.
+        enclave: the opened release enclave.
+        params, mean, std: the decrypted, checked final model (and feature scaling).
+        ckpt: the finished checkpoint (:func:`finished_checkpoint`).
+        campaign_dir, out_dir: the campaign read and the release directory to write.
+        version, name, max_drop: the release's version, name and gate.
+        evaluation: keyword arguments for :func:`federated_evaluate` (``ray_address``,
+            ``client_app``, ``client_app_kwargs``, ``app_dir``).
+        on_stage: called with each stage's name as it starts, or None.
+    """
+
+    cons: Consortium
+    task: object
+    enclave: ReleaseEnclave
+    params: object
+    mean: object
+    std: object
+    ckpt: dict
+    campaign_dir: Path
+    out_dir: Path
+    version: int
+    name: str
+    max_drop: float
+    evaluation: dict
+    on_stage: object = None
+
+
 def release(consortium_dir: str | Path, campaign_dir: str | Path, out_dir: str | Path, *, version: int,
-            name: str = "heart-risk", max_drop: float = 0.01, ray_address: str | None = None,
+            name: str | None = None, max_drop: float = 0.01, ray_address: str | None = None,
             client_app: str | None = None, client_app_kwargs: dict | None = None,
             app_dir: str | None = None, on_stage=None) -> ReleaseResult:
     """Build, gate, sign and attest a release of the campaign's final global model.
@@ -257,11 +269,12 @@ def release(consortium_dir: str | Path, campaign_dir: str | Path, out_dir: str |
     runs in a worker process tree (:mod:`sealfl.platform.supervisor`).
     ``client_app`` / ``client_app_kwargs`` / ``app_dir``: see :func:`federated_evaluate`.
 
-    The consortium's task decides what is built (:mod:`sealfl.clients.tasks`): a tabular
-    task takes the path below; a causal-LM task the path of
-    :func:`sealfl.platform.llm.pipeline.release_llm` (``accuracy`` then holds its report:
-    gate figures, perplexity before/after per partner, sizes, time per stage;
-    ``on_stage(name)`` is called as each stage starts).
+    The consortium's task decides what is built (:mod:`sealfl.clients.plugins`): its
+    ``release_kind`` names the builder in :data:`BUILDERS` -- :func:`release_tabular`, or
+    :func:`sealfl.platform.llm.pipeline.release_llm` for a causal LM (``accuracy`` then
+    holds its report: gate figures, perplexity before/after per partner, sizes, time per
+    stage; ``on_stage(name)`` is called as each stage starts) -- and ``name`` defaults to
+    the task's ``release_name``.
     """
     if not (0.0 <= max_drop <= 1.0):
         raise ReleaseError(f"max_drop must lie in [0, 1], got {max_drop}")
@@ -273,19 +286,31 @@ def release(consortium_dir: str | Path, campaign_dir: str | Path, out_dir: str |
     ckpt = finished_checkpoint(campaign_dir)
     supervisor.check()
     enclave = ReleaseEnclave.open(enclave_dir(cons))
-    keys = KeyHolder(enclave, cons.ckks, bytes.fromhex(cons.context_id))
+    keys = KeyHolder(enclave, cons.he_params, bytes.fromhex(cons.context_id))
     task = get_task(cons.task)
     params, mean, std = open_final_model(keys, ckpt, task, campaign_dir)
-    if task.release_kind == "causal-lm":
-        from .llm.pipeline import release_llm
+    builder = BUILDERS.get(task.release_kind)
+    if builder is None:
+        raise ReleaseError(f"task {task.name!r} asks for a {task.release_kind!r} release, which no builder makes; "
+                           f"known: {sorted(BUILDERS)}")
+    job = ReleaseJob(cons, task, enclave, params, mean, std, ckpt, Path(campaign_dir), Path(out_dir), version,
+                     name or task.release_name, max_drop,
+                     {"ray_address": ray_address, "client_app": client_app, "client_app_kwargs": client_app_kwargs,
+                      "app_dir": app_dir}, on_stage)
+    summary, accuracy, sizes, released = builder(job)
+    return ReleaseResult(summary, accuracy, sizes, released, time.perf_counter() - t0)
 
-        summary, report = release_llm(cons, task, enclave, params, ckpt, campaign_dir, out_dir, version=version,
-                                      name=name if name != "heart-risk" else "smollm2-python-docs",
-                                      ray_address=ray_address, client_app=client_app,
-                                      client_app_kwargs=client_app_kwargs, app_dir=app_dir,
-                                      expected_n=campaign_test_counts(campaign_dir),
-                                      train_config=campaign_train_config(campaign_dir), on_stage=on_stage)
-        return ReleaseResult(summary, report, report["sizes"], [], time.perf_counter() - t0)
+
+def release_tabular(job: ReleaseJob) -> tuple[dict, dict, dict, list]:
+    """Build a tabular release: ONNX -> INT8 -> canary -> the partners' gate -> signed and
+    attested (the steps and errors of :func:`release`).
+
+    Returns:
+        (summary, accuracy, sizes, the released float parameters).
+    """
+    cons, task, enclave, params, mean, std = job.cons, job.task, job.enclave, job.params, job.mean, job.std
+    ckpt, campaign_dir, out_dir, version, name = job.ckpt, job.campaign_dir, job.out_dir, job.version, job.name
+    max_drop = job.max_drop
     fp32 = task.to_onnx(params, mean, std)
     try:
         int8 = quantize_int8(fp32)
@@ -296,8 +321,7 @@ def release(consortium_dir: str | Path, campaign_dir: str | Path, out_dir: str |
     self_check(int8, canary)
     try:
         supervisor.check()
-        acc = federated_evaluate(cons, {"fp32": fp32, "int8": int8}, ray_address=ray_address,
-                                 client_app=client_app, client_app_kwargs=client_app_kwargs, app_dir=app_dir,
+        acc = federated_evaluate(cons, {"fp32": fp32, "int8": int8}, **job.evaluation,
                                  expected_n=campaign_test_counts(campaign_dir))
     except Interrupted as exc:
         raise Interrupted(exc.signum, f"release build stopped by {signal_name(exc.signum)} while the partners "
@@ -328,5 +352,18 @@ def release(consortium_dir: str | Path, campaign_dir: str | Path, out_dir: str |
     if supervisor.requested():
         raise Interrupted(supervisor.requested(), f"release v{version} was completed in {out_dir} before stopping "
                                                   "(the signal arrived while it was being written)")
-    return ReleaseResult(summary, acc, {"fp32_onnx_bytes": len(fp32), "int8_onnx_bytes": len(int8)},
-                         params.tolist(), time.perf_counter() - t0)
+    return summary, acc, {"fp32_onnx_bytes": len(fp32), "int8_onnx_bytes": len(int8)}, params.tolist()
+
+
+def _release_causal_lm(job: ReleaseJob) -> tuple[dict, dict, dict, list]:
+    from sealfl.platform.llm.pipeline import release_llm
+
+    summary, report = release_llm(job.cons, job.task, job.enclave, job.params, job.ckpt, job.campaign_dir,
+                                  job.out_dir, version=job.version, name=job.name, **job.evaluation,
+                                  expected_n=campaign_test_counts(job.campaign_dir),
+                                  train_config=campaign_train_config(job.campaign_dir), on_stage=job.on_stage)
+    return summary, report, report["sizes"], []
+
+
+#: release_kind of a task plug-in -> the builder of its release
+BUILDERS = {"tabular": release_tabular, "causal-lm": _release_causal_lm}

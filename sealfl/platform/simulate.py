@@ -37,7 +37,7 @@ import secrets
 import socket
 from pathlib import Path
 
-from .errors import SimulationError
+from sealfl.platform.errors import SimulationError
 
 log = logging.getLogger(__name__)
 

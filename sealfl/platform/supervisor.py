@@ -43,10 +43,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import sealfl
+from sealfl.common.errors import Interrupted
 from sealfl.common.procs import ENV_TOKEN, kill_run
 from sealfl.common.testpoints import check_environment
-
-from .errors import Interrupted, WorkerError
+from sealfl.platform.errors import WorkerError
 
 log = logging.getLogger(__name__)
 

@@ -34,6 +34,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sealfl.platform.errors import PlatformError
+
 DEFAULT_CLIENT_APP = "sealfl.clients.app:make_client_app"
 
 log = logging.getLogger("sealfl.worker")
@@ -41,7 +43,7 @@ log = logging.getLogger("sealfl.worker")
 
 def load_client_app(spec: str, consortium_dir: str, kwargs: dict):
     """Build the ClientApp from ``"module:factory"``. Raises PlatformError naming the spec."""
-    from .errors import PlatformError
+    from sealfl.platform.errors import PlatformError
 
     module, sep, attr = spec.partition(":")
     if not sep or not module or not attr:
@@ -56,10 +58,9 @@ def load_client_app(spec: str, consortium_dir: str, kwargs: dict):
 def run_job(job: dict) -> dict:
     """Run one job (see module docstring); returns the result fields beyond ``ok``."""
     from sealfl.common.testpoints import testpoint
+    from sealfl.platform.errors import CampaignError, ReleaseError
+    from sealfl.platform.simulate import run_flower, start_ray
     from sealfl.server.bookkeeping import CampaignDir
-
-    from .errors import CampaignError, ReleaseError
-    from .simulate import run_flower, start_ray
 
     if job.get("app_dir"):
         sys.path.insert(0, job["app_dir"])
@@ -75,13 +76,12 @@ def run_job(job: dict) -> dict:
 
         cd = CampaignDir(job["campaign_dir"])
         cd.amend_status(ray=ray_info)
-        failure = run_flower(make_server_app(ServerConfig.load(cd.config_path)), client_app, job["num_supernodes"],
+        failure = run_flower(make_server_app(ServerConfig.load(cd.dir)), client_app, job["num_supernodes"],
                              **run)
         if failure is not None:
             raise CampaignError(f"{type(failure).__name__}: {failure}") from failure
     elif kind == "fedeval":
         from sealfl.server.eval_app import make_eval_server_app
-
         from sealfl.server.validation import ReplyLimits
 
         candidates = {name: Path(p).read_bytes() for name, p in job["candidates"].items()}
@@ -101,7 +101,7 @@ def run_job(job: dict) -> dict:
         if failure is not None:
             raise ReleaseError(f"{type(failure).__name__}: {failure}") from failure
     else:
-        raise ValueError(f"unknown job kind {kind!r}")
+        raise PlatformError(f"unknown job kind {kind!r}")
     import resource
 
     # this process hosts the ServerApp and Flower's simulation driver: the coordinator

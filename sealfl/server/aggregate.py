@@ -1,7 +1,7 @@
 """Ciphertext aggregation: validate each partner's frame, then add.
 
 Validation and summation need only the aggregator's context, which holds no key at all
-(:mod:`sealfl.common.ckks`, :mod:`sealfl.common.bfv`). A partner whose frame is larger than its bound, does not
+(:mod:`sealfl.he.ckks`, :mod:`sealfl.he.bfv`). A partner whose frame is larger than its bound, does not
 parse, names another context or value layout, has the wrong length, is not canonical,
 or could not be added (another level, NTT form or scale) is dropped with a log line
 naming it; the caller decides whether enough partners remain. Summation then cannot
@@ -29,9 +29,9 @@ import logging
 from dataclasses import dataclass
 from typing import Mapping
 
-from sealfl.common.codecs import Codec
-from sealfl.common.framed import PACKED, Layout
-from sealfl.common.errors import CiphertextError
+from sealfl.he.codecs import Codec
+from sealfl.he.errors import CiphertextError
+from sealfl.he.framed import PACKED, Layout
 
 log = logging.getLogger(__name__)
 

@@ -21,10 +21,9 @@ under a SuperLink.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -32,18 +31,17 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, Message
 from flwr.serverapp import Grid, ServerApp
 
 from sealfl.common import protocol as P
-from sealfl.common import codecs
-from sealfl.common.codecs import Codec
-from sealfl.common.framed import WIDE
-from sealfl.common.server_opt import ServerOpt
-
-from .aggregate import Validated, sum_chunks
-from .bookkeeping import CampaignDir
-from .errors import NotEnoughPartnersError, SecretKeyPresentError
-from .intake import Roster, screen
-from .strategy import EncryptedFedAvg
-from .streaming import StreamingGrid
-from .validation import ReplyLimits, parse_stats_reply
+from sealfl.he import codecs
+from sealfl.he.codecs import Codec
+from sealfl.he.framed import WIDE
+from sealfl.he.server_opt import ServerOpt
+from sealfl.server.aggregate import Validated, sum_chunks
+from sealfl.server.bookkeeping import CampaignDir
+from sealfl.server.errors import CampaignDirError, NotEnoughPartnersError, SecretKeyPresentError
+from sealfl.server.intake import Roster, screen
+from sealfl.server.strategy import EncryptedFedAvg
+from sealfl.server.streaming import StreamingGrid
+from sealfl.server.validation import ReplyLimits, parse_stats_reply
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +54,7 @@ class ServerConfig:
         campaign_dir: where status, round log and checkpoints go.
         public_context: path of the public HE context file.
         context_id: hex id of the campaign's HE context.
-        ckks: the campaign's HE parameters (:mod:`sealfl.common.codecs` parameter dict: CKKS or BFV).
+        he: the campaign's HE parameters (:mod:`sealfl.he.codecs` parameter dict: packed BFV or CKKS).
         num_partners: partners expected to connect.
         min_partners: fewest valid updates per round.
         num_rounds: training rounds.
@@ -77,7 +75,7 @@ class ServerConfig:
     campaign_dir: str
     public_context: str
     context_id: str
-    ckks: dict
+    he: dict
     num_partners: int
     min_partners: int
     num_rounds: int
@@ -100,12 +98,38 @@ class ServerConfig:
         partners = list(self.partners) or sorted(self.partner_keys)
         return Roster.from_pems(partners, self.partner_keys or None, bytes.fromhex(self.context_id))
 
-    def save(self, path: Path) -> None:
-        path.write_text(json.dumps(asdict(self), indent=2))
+    def to_dict(self) -> dict:
+        """The JSON object ``server_config.json`` holds."""
+        return asdict(self)
 
     @classmethod
-    def load(cls, path: Path) -> "ServerConfig":
-        return cls(**json.loads(Path(path).read_text()))
+    def from_dict(cls, config: dict, where: str = "server_config.json") -> "ServerConfig":
+        """Rebuild from :meth:`to_dict`'s object (sealfl 0.1's ``"ckks"`` is read as ``"he"``).
+
+        Raises:
+            CampaignDirError: a field is missing or unknown.
+        """
+        config = dict(config)
+        if "he" not in config and "ckks" in config:
+            config["he"] = config.pop("ckks")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(config) - known)
+        if unknown:
+            raise CampaignDirError(f"{where}: unknown fields {unknown}")
+        try:
+            return cls(**config)
+        except TypeError as exc:
+            raise CampaignDirError(f"{where}: {exc}") from exc
+
+    @classmethod
+    def load(cls, campaign_dir: str | Path) -> "ServerConfig":
+        """Read a campaign's ``server_config.json`` (:meth:`CampaignDir.read_config`).
+
+        Raises:
+            CampaignDirError: missing, malformed, or a field is missing or unknown.
+        """
+        cd = CampaignDir(campaign_dir)
+        return cls.from_dict(cd.read_config(), str(cd.config_path))
 
 
 def wait_for_nodes(grid: Grid, want: int, timeout_s: float, need: int | None = None) -> list[int]:
@@ -166,7 +190,7 @@ def run_server(grid: Grid, cfg: ServerConfig) -> None:
     rlog = CampaignDir(cfg.campaign_dir, cfg.num_rounds)
     rlog.begin()
     try:
-        codec = codecs.from_bytes(Path(cfg.public_context).read_bytes(), codecs.params_from_dict(cfg.ckks),
+        codec = codecs.from_bytes(Path(cfg.public_context).read_bytes(), codecs.params_from_dict(cfg.he),
                                      bytes.fromhex(cfg.context_id))
         rlog.set_status(server_has_secret_key=codec.has_secret_key)
         if codec.has_secret_key:
@@ -182,7 +206,7 @@ def run_server(grid: Grid, cfg: ServerConfig) -> None:
             P.STATS_CT: Array(P.to_u8(stats_ct)),
             P.STATS_N: Array(np.array([declared], dtype=np.int64)),
         })
-        # partners upload [model, server-optimizer state] (sealfl.common.server_opt)
+        # partners upload [model, server-optimizer state] (sealfl.he.server_opt)
         wire = ServerOpt.from_config(cfg.train).wire_length(cfg.n_params)
         strategy = EncryptedFedAvg(codec, wire, roster=roster, limits=limits, min_partners=cfg.min_partners,
                                    round_log=rlog, wait_s=cfg.timeout_s)
@@ -196,13 +220,14 @@ def run_server(grid: Grid, cfg: ServerConfig) -> None:
 
 
 def make_server_app(cfg: ServerConfig | None = None) -> ServerApp:
-    """Build the ServerApp. Without ``cfg`` it reads ``run_config["server-config"]`` (a
-    path to a saved :class:`ServerConfig`), which is how a SuperLink deployment passes it."""
+    """Build the ServerApp. Without ``cfg`` it reads the campaign directory
+    ``run_config["campaign-dir"]`` (its ``server_config.json``), which is how a SuperLink
+    deployment passes it."""
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        conf = cfg or ServerConfig.load(Path(str(context.run_config["server-config"])))
+        conf = cfg or ServerConfig.load(Path(str(context.run_config["campaign-dir"])))
         run_server(grid, conf)
 
     return app

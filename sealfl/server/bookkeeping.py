@@ -42,7 +42,6 @@ import json
 import logging
 import os
 import signal
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -50,15 +49,30 @@ from typing import Any
 from sealfl.common.fsutil import atomic_write
 from sealfl.common.procs import identity, identity_alive
 from sealfl.common.testpoints import testpoint
-
-from .campaign_files import (ACTIVE, CHECKPOINT, CONFIG, LOG, MAX_STATUS_BYTES, ROUNDS, STATES, STATUS,
-                             CampaignView, Checkpoint, campaign_view, checkpoint_bytes, parse_checkpoint,
-                             parse_records, parse_status)
-from .errors import CampaignDirError
+from sealfl.server.campaign_files import (
+    ACTIVE,
+    CHECKPOINT,
+    CONFIG,
+    LOG,
+    MAX_CONFIG_BYTES,
+    MAX_STATUS_BYTES,
+    ROUNDS,
+    STATES,
+    STATUS,
+    CampaignView,
+    Checkpoint,
+    campaign_view,
+    checkpoint_bytes,
+    parse_checkpoint,
+    parse_config,
+    parse_records,
+    parse_status,
+)
+from sealfl.server.errors import CampaignDirError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CampaignDir", "RoundLog", "Checkpoint", "CampaignView", "parse_status", "parse_checkpoint",
+__all__ = ["CampaignDir", "Checkpoint", "CampaignView", "parse_status", "parse_checkpoint",
            "campaign_view", "save_checkpoint", "load_checkpoint", "STATES"]
 
 
@@ -127,6 +141,30 @@ class CampaignDir:
             return parse_records(self.rounds_path.read_bytes())
         except OSError:
             return []
+
+    def has_config(self) -> bool:
+        """True if the campaign's ``server_config.json`` exists."""
+        return self.config_path.exists()
+
+    def read_config(self) -> dict:
+        """Parsed ``server_config.json`` (the aggregator's configuration; its ``train`` object
+        is what partners were sent). Raises CampaignDirError (missing or malformed)."""
+        try:
+            with open(self.config_path, "rb") as fh:
+                data = fh.read(MAX_CONFIG_BYTES + 1)
+        except OSError as exc:
+            raise CampaignDirError(f"campaign {self.dir} has no readable {CONFIG} ({exc.strerror or exc})") from exc
+        return parse_config(data, str(self.config_path))
+
+    def read_train_config(self) -> dict:
+        """The ``train`` object of ``server_config.json`` ({} if it has none). Raises
+        CampaignDirError (missing or malformed)."""
+        return dict(self.read_config().get("train", {}))
+
+    def write_config(self, config: dict) -> None:
+        """Write ``server_config.json`` atomically (the coordinator, before the campaign)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.config_path, json.dumps(config, indent=2).encode(), 0o644)
 
     def read_checkpoint(self) -> Checkpoint:
         """The committed checkpoint. Raises CampaignDirError (missing or malformed)."""
@@ -313,28 +351,7 @@ class CampaignDir:
     def _commit_checkpoint(self, ck: Checkpoint) -> None:
         path = self.checkpoint_path
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            os.fchmod(fd, 0o644)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(checkpoint_bytes(ck))
-                fh.flush()
-                os.fsync(fh.fileno())
-            testpoint("checkpoint", ck.round)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-
-
-#: The aggregator's name for the campaign directory (kept for callers of sealfl 0.1).
-RoundLog = CampaignDir
+        atomic_write(path, checkpoint_bytes(ck), 0o644, before_rename=lambda: testpoint("checkpoint", ck.round))
 
 
 def save_checkpoint(campaign_dir: str | Path, server_round: int, model_ct: bytes, model_weight: float,

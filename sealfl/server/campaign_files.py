@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CampaignDirError
+from sealfl.common.fields import Fields
+from sealfl.server.errors import CampaignDirError
 
 STATUS = "status.json"
 ROUNDS = "rounds.jsonl"
@@ -27,27 +28,55 @@ LOG = "worker.log"
 STATES = ("starting", "running", "finished", "failed", "interrupted")
 ACTIVE = ("starting", "running")
 MAX_STATUS_BYTES = 1 << 20
+_MAX_ROUND = 2**31 - 1
+#: server_config.json carries the initial model (LoRA: 460,800 floats, ~10 MB of JSON)
+MAX_CONFIG_BYTES = 256 << 20
 _CKPT_ARRAYS = {"model_ct": (np.uint8, None), "model_weight": (np.float64, (1,)), "stats_ct": (np.uint8, None),
                 "round": (np.int64, (1,)), "record": (np.uint8, None)}
 
-__all__ = ["STATUS", "ROUNDS", "CHECKPOINT", "CONFIG", "LOG", "STATES", "ACTIVE", "MAX_STATUS_BYTES",
+__all__ = ["STATUS", "ROUNDS", "CHECKPOINT", "CONFIG", "LOG", "STATES", "ACTIVE", "MAX_STATUS_BYTES", "MAX_CONFIG_BYTES", "parse_config",
            "parse_status", "Checkpoint", "checkpoint_bytes", "parse_checkpoint", "parse_records",
            "CampaignView", "campaign_view"]
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+_PID_MAX = 2**62  # larger than any pid_max (2^22 on Linux): a cap on a hostile number, not a pid rule
 
 
-def _check_identity(v: Any, where: str) -> None:
-    if not isinstance(v, dict):
-        raise CampaignDirError(f"{where} is not an object")
-    if not (_is_int(v.get("pid")) and v["pid"] > 0):
-        raise CampaignDirError(f"{where}.pid is not a positive integer")
-    if v.get("start") is not None and not (_is_int(v["start"]) and v["start"] >= 0):
-        raise CampaignDirError(f"{where}.start is not a non-negative integer")
-    if v.get("host") is not None and not isinstance(v["host"], str):
-        raise CampaignDirError(f"{where}.host is not a string")
+def _optional(fields: Fields, doc: dict, key: str, kind: str, at: str = "", **options: Any) -> Any:
+    """``doc[key]`` checked with ``kind`` unless it is absent or null."""
+    value = doc.get(key)
+    return None if value is None else getattr(fields, kind)(value, fields.join(at, key), **options)
+
+
+def _check_identity(fields: Fields, v: Any, path: str) -> None:
+    fields.object(v, path)
+    fields.get(v, "pid", "integer", path, lo=1, hi=_PID_MAX)
+    _optional(fields, v, "start", "integer", path, lo=0, hi=2**63 - 1)
+    _optional(fields, v, "host", "string", path, nonempty=False, max_len=1024)
+
+
+def _json(data: bytes, where: str, cap: int, what: str):
+    if len(data) > cap:
+        raise CampaignDirError(f"{where} is {len(data)} bytes (at most {cap}); it is not {what}")
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise CampaignDirError(f"{where} is not JSON ({exc})") from exc
+
+
+def parse_config(data: bytes, where: str = CONFIG) -> dict:
+    """Parse ``server_config.json`` bytes: a JSON object whose ``train`` (the settings sent
+    to partners) is an object. Unknown fields are kept; the aggregator's
+    :class:`~sealfl.server.app.ServerConfig` checks the rest.
+
+    Raises:
+        CampaignDirError: too large, not UTF-8 JSON, not an object, or no ``train`` object.
+    """
+    config = _json(data, where, MAX_CONFIG_BYTES, "a campaign configuration")
+    fields = Fields(where, CampaignDirError)
+    fields.object(config, "")
+    fields.get(config, "train", "object", default={})
+    return config
 
 
 def parse_status(data: bytes, where: str = STATUS) -> dict:
@@ -57,28 +86,17 @@ def parse_status(data: bytes, where: str = STATUS) -> dict:
         CampaignDirError: not UTF-8 JSON, not an object, over 1 MiB, or a known field of
             the wrong type/value (the message names ``where`` and the field).
     """
-    if len(data) > MAX_STATUS_BYTES:
-        raise CampaignDirError(f"{where} is {len(data)} bytes (at most {MAX_STATUS_BYTES}); it is not a status file")
-    try:
-        status = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise CampaignDirError(f"{where} is not JSON ({exc})") from exc
-    if not isinstance(status, dict):
-        raise CampaignDirError(f"{where} is not a JSON object")
-    if status.get("status") not in STATES:
-        raise CampaignDirError(f"{where}: field 'status' is {status.get('status')!r}, expected one of {', '.join(STATES)}")
-    if not (_is_int(status.get("round", 0)) and status.get("round", 0) >= 0):
-        raise CampaignDirError(f"{where}: field 'round' is not a non-negative integer")
-    nr = status.get("num_rounds")
-    if nr is not None and not (_is_int(nr) and nr >= 1):
-        raise CampaignDirError(f"{where}: field 'num_rounds' is not a positive integer")
-    if status.get("error") is not None and not isinstance(status["error"], str):
-        raise CampaignDirError(f"{where}: field 'error' is not a string")
+    status = _json(data, where, MAX_STATUS_BYTES, "a status file")
+    fields = Fields(where, CampaignDirError)
+    fields.object(status, "")
+    fields.get(status, "status", "choice", choices=STATES)
+    fields.get(status, "round", "integer", default=0, lo=0, hi=_MAX_ROUND)
+    _optional(fields, status, "num_rounds", "integer", lo=1, hi=_MAX_ROUND)
+    _optional(fields, status, "error", "string", nonempty=False, max_len=MAX_STATUS_BYTES)
     for key in ("owner", "worker"):
         if status.get(key) is not None:
-            _check_identity(status[key], f"{where}: field '{key}'")
-    if status.get("pid") is not None and not (_is_int(status["pid"]) and status["pid"] > 0):
-        raise CampaignDirError(f"{where}: field 'pid' is not a positive integer")
+            _check_identity(fields, status[key], key)
+    _optional(fields, status, "pid", "integer", lo=1, hi=_PID_MAX)
     return status
 
 
@@ -208,11 +226,13 @@ def parse_records(raw: bytes) -> list[dict]:
     """Records of ``rounds.jsonl`` bytes, oldest first; lines that are not JSON objects
     with an integer ``round`` (e.g. a partial last line) are skipped."""
     out = []
+    fields = Fields(ROUNDS, CampaignDirError)
     for line in raw.decode("utf-8", errors="replace").splitlines():
         try:
             rec = json.loads(line)
-        except (ValueError, RecursionError):
+            fields.object(rec, "")
+            fields.get(rec, "round", "integer", lo=0, hi=_MAX_ROUND)
+        except (ValueError, RecursionError, CampaignDirError):
             continue
-        if isinstance(rec, dict) and _is_int(rec.get("round")):
-            out.append(rec)
+        out.append(rec)
     return out

@@ -30,6 +30,11 @@ class ReplyError(ServerError):
         self.reason = reason
 
 
+class ReplyStreamError(ServerError, ValueError):
+    """A reply stream was given an impossible timeout or pull interval, or iterated twice
+    (:mod:`sealfl.server.streaming`)."""
+
+
 class CampaignDirError(ServerError):
     """A file of the campaign directory (``status.json``, ``rounds.jsonl``, the checkpoint)
     is missing, malformed or inconsistent; the message names the file and the field."""

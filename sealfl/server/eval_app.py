@@ -27,10 +27,9 @@ from flwr.serverapp import Grid, ServerApp
 
 from sealfl.common import protocol as P
 from sealfl.common.fsutil import atomic_write
-
-from .app import wait_for_nodes
-from .intake import Roster, screen
-from .validation import ReplyLimits, parse_candidate_reply
+from sealfl.server.app import wait_for_nodes
+from sealfl.server.intake import Roster, screen
+from sealfl.server.validation import ReplyLimits, parse_candidate_reply
 
 log = logging.getLogger(__name__)
 

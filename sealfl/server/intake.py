@@ -40,8 +40,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from sealfl.attestation import keys as _keys
 from sealfl.attestation.errors import KeyFormatError
 from sealfl.common import protocol as P
-
-from .errors import ReplyError, ServerError
+from sealfl.server.errors import ReplyError, ServerError
 
 log = logging.getLogger(__name__)
 

@@ -33,14 +33,13 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from sealfl.common import protocol as P
-from sealfl.common.codecs import Codec
 from sealfl.common.testpoints import testpoint
-
-from .aggregate import RunningSum
-from .bookkeeping import CampaignDir
-from .errors import NotEnoughPartnersError, SecretKeyPresentError, ServerError
-from .intake import Roster, screen
-from .validation import ReplyLimits, parse_eval_reply, parse_train_reply
+from sealfl.he.codecs import Codec
+from sealfl.server.aggregate import RunningSum
+from sealfl.server.bookkeeping import CampaignDir
+from sealfl.server.errors import NotEnoughPartnersError, SecretKeyPresentError, ServerError
+from sealfl.server.intake import Roster, screen
+from sealfl.server.validation import ReplyLimits, parse_eval_reply, parse_train_reply
 
 log = logging.getLogger(__name__)
 

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from sealfl.common.seconds import MAX_SECONDS, is_seconds
+from sealfl.server.errors import ReplyStreamError
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +42,9 @@ def check_times(timeout: Any, interval_s: Any) -> None:
     """Raises ValueError unless ``timeout`` is None or a number of seconds in [0, 1e6]
     and ``interval_s`` one in (0, 1e6] (:func:`sealfl.common.seconds.is_seconds`)."""
     if timeout is not None and not is_seconds(timeout, zero_ok=True):
-        raise ValueError(f"timeout must be None or a number of seconds in [0, {MAX_SECONDS:g}], got {timeout!r}")
+        raise ReplyStreamError(f"timeout must be None or a number of seconds in [0, {MAX_SECONDS:g}], got {timeout!r}")
     if not is_seconds(interval_s):
-        raise ValueError(f"the pull interval must be a number of seconds in (0, {MAX_SECONDS:g}], got {interval_s!r}")
+        raise ReplyStreamError(f"the pull interval must be a number of seconds in (0, {MAX_SECONDS:g}], got {interval_s!r}")
 
 
 class ReplyStream:
@@ -79,7 +80,7 @@ class ReplyStream:
 
     def __iter__(self) -> Iterator[Any]:
         if self._started:
-            raise RuntimeError("a ReplyStream can be iterated only once")
+            raise ReplyStreamError("a ReplyStream can be iterated only once")
         self._started = True
         return self._pull()
 

@@ -14,9 +14,9 @@ Order of checks for a reply (the first failure is the reason given):
 1. **shape**: exactly the expected records (by name and kind) and keys -- nothing more,
    so an unexpected record or key (e.g. a second ciphertext) is refused, not ignored;
 2. **size before parsing**: a ciphertext ``Array`` is checked for dtype/shape metadata
-   and a byte length of at most :meth:`~sealfl.common.framed.ChunkedParams.max_frame_bytes` (+ the npy header)
+   and a byte length of at most :meth:`~sealfl.he.framed.ChunkedParams.max_frame_bytes` (+ the npy header)
    before NumPy or SEAL reads it; then the frame itself
-   (:meth:`sealfl.common.framed.FramedCodec.split` / ``load_chunks``: the expected value
+   (:meth:`sealfl.he.framed.FramedCodec.split` / ``load_chunks``: the expected value
    layout -- packed for updates, wide for statistics --, canonical, fresh-shaped, addable);
 3. **numbers**: counts are ``int`` (not ``bool``, not ``float``, not ``str``) within
    ``[1, ReplyLimits.max_examples]``; ``correct`` within ``[0, n]``; losses finite within
@@ -38,12 +38,12 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord
 
 from sealfl.common import protocol as P
-from sealfl.common.errors import CiphertextError, short_repr
-from sealfl.common.codecs import Codec
-from sealfl.common.framed import PACKED, WIDE, Layout
-
-from .aggregate import RunningSum
-from .errors import ReplyError, ServerError
+from sealfl.common.fields import Fields
+from sealfl.he.codecs import Codec
+from sealfl.he.errors import CiphertextError
+from sealfl.he.framed import PACKED, WIDE, Layout
+from sealfl.server.aggregate import RunningSum
+from sealfl.server.errors import ReplyError, ServerError
 
 __all__ = [
     "ReplyLimits", "TrainReply", "StatsReply", "EvalReply",
@@ -122,29 +122,21 @@ class EvalReply:
 
 # ---- single values ---------------------------------------------------------------------
 
+#: the field checker of replies: ``ReplyError(field, reason)`` (:mod:`sealfl.common.fields`)
+_REPLY = Fields("reply", lambda path, problem, code: ReplyError(path, problem), detailed=True)
+
+
 def check_count(value: Any, field: str, *, lo: int = 1, hi: int) -> int:
     """``value`` as an int in ``[lo, hi]``. Only Python/NumPy integers count: a bool, a
     float (even 201.0 -- a partner sends counts as ints), NaN, a string or a list is
     refused. Raises ReplyError(field, reason)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise ReplyError(field, f"must be an integer, got {type(value).__name__} {short_repr(value, 40)}")
-    v = int(value)
-    if not lo <= v <= hi:
-        raise ReplyError(field, f"{v} is outside [{lo}, {hi}]")
-    return v
+    return _REPLY.integer(value, field, lo=lo, hi=hi)
 
 
 def check_real(value: Any, field: str, *, lo: float, hi: float) -> float:
     """``value`` as a finite float in ``[lo, hi]`` (ints are accepted as reals; bools,
     strings, lists, NaN and infinities are not). Raises ReplyError(field, reason)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ReplyError(field, f"must be a number, got {type(value).__name__} {short_repr(value, 40)}")
-    v = float(value)
-    if not math.isfinite(v):
-        raise ReplyError(field, f"{v} is not finite")
-    if not lo <= v <= hi:
-        raise ReplyError(field, f"{v} is outside [{lo:g}, {hi:g}]")
-    return v
+    return _REPLY.number(value, field, lo=lo, hi=hi)
 
 
 # ---- records -----------------------------------------------------------------------------

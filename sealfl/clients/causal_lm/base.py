@@ -28,7 +28,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import ClientError
+from sealfl.clients.errors import ClientError
 
 __all__ = ["BaseModelError", "BaseModelPin", "BASE_MODEL", "LMBundle", "locate_base_gguf", "read_pinned",
            "load_base_model", "bundle_from_model"]

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ClientError
+from sealfl.clients.errors import ClientError
 
 __all__ = ["LoraSpec", "AdapterError", "attach_lora", "adapter_layout", "n_adapter_params", "init_adapters",
            "flatten_adapters", "load_adapters", "trainable_names", "LMTrainConfig", "train_local"]

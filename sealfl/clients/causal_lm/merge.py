@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .lora import AdapterError, LoraSpec, adapter_layout
+from sealfl.clients.causal_lm.lora import AdapterError, LoraSpec, adapter_layout
 
 __all__ = ["merge_adapters"]
 

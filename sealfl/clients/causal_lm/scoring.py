@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sealfl.common.llm_decode import KVDecoder
+from sealfl.enclave.sandbox.decode import KVDecoder
 
 __all__ = ["reference_scores", "candidate_scores"]
 

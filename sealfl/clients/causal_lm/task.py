@@ -2,7 +2,7 @@
 
 Flat vector: the LoRA adapters (:mod:`.lora`; 460,800 values for r=8 on q_proj/v_proj).
 Partner data (:meth:`CausalLMTask.load_data`): its manual of the Python documentation
-(:mod:`sealfl.clients.corpus`), tokenised with the base model's tokenizer into training
+(:mod:`sealfl.clients.causal_lm.corpus`), tokenised with the base model's tokenizer into training
 blocks of ``block-len`` tokens and up to ``eval-blocks`` held-out blocks of the same length.
 ``n`` (the FedAvg weight) is the number of training blocks.
 
@@ -33,12 +33,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sealfl.common.decrypted import DecryptBounds
-
-from ..corpus import PARTNER_MANUALS, load_partner_text
-from .base import load_base_model
-from .lora import LMTrainConfig, LoraSpec, attach_lora, init_adapters, load_adapters, train_local
-from .text import token_blocks
+from sealfl.clients.causal_lm.base import load_base_model
+from sealfl.clients.causal_lm.corpus import PARTNER_MANUALS, load_partner_text
+from sealfl.clients.causal_lm.lora import (
+    LMTrainConfig,
+    LoraSpec,
+    attach_lora,
+    init_adapters,
+    load_adapters,
+    train_local,
+)
+from sealfl.clients.causal_lm.text import token_blocks
+from sealfl.he.decrypted import DecryptBounds
 
 __all__ = ["CausalLMTask", "LMData", "BASE_ARCH"]
 
@@ -71,6 +77,7 @@ class CausalLMTask:
 
     name = "causal-lm"
     release_kind = "causal-lm"
+    release_name = "smollm2-python-docs"
     partners = tuple(PARTNER_MANUALS)
     partners_doc = "the Python documentation manuals"
     spec = LoraSpec()
@@ -96,7 +103,7 @@ class CausalLMTask:
             import torch
             from transformers import LlamaConfig, LlamaForCausalLM
 
-            from .lora import n_adapter_params
+            from sealfl.clients.causal_lm.lora import n_adapter_params
 
             with torch.device("meta"):
                 model = LlamaForCausalLM(LlamaConfig(**BASE_ARCH))
@@ -142,7 +149,7 @@ class CausalLMTask:
         train = token_blocks(b.tokenizer_json, pt.train, L, eos)
         held = token_blocks(b.tokenizer_json, pt.heldout, L, eos, max_blocks=int(config.get("eval-blocks", 8)))
         if len(train) < 1 or len(held) < 1:
-            from ..errors import DataError
+            from sealfl.clients.errors import DataError
 
             raise DataError(f"partner {partner}: not enough text for one {L}-token training and held-out block")
         return LMData(partner, train, held, eos)
@@ -179,8 +186,8 @@ class CausalLMTask:
 
     def score_candidates(self, candidates: Mapping[str, bytes], data: LMData, params, mean=None, std=None) -> dict:
         """Gate counts (module docstring) for ``fp32``, ``base`` and every candidate."""
-        from .scoring import candidate_scores, reference_scores
-        from .merge import merge_adapters
+        from sealfl.clients.causal_lm.merge import merge_adapters
+        from sealfl.clients.causal_lm.scoring import candidate_scores, reference_scores
 
         base = self.bundle().clone()
         cfg = base.model.config

@@ -18,6 +18,8 @@ import math
 
 import numpy as np
 
+from sealfl.clients.errors import TaskInputError
+
 __all__ = ["token_blocks", "nll_sums", "perplexity"]
 
 
@@ -29,7 +31,7 @@ def token_blocks(tokenizer_json: bytes, chunks, block_len: int, eos_id: int, max
     from tokenizers import Tokenizer
 
     if block_len < 2:
-        raise ValueError(f"block_len must be >= 2, got {block_len}")
+        raise TaskInputError(f"block_len must be >= 2, got {block_len}")
     tok = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
     stream: list[int] = []
     need = None if max_blocks is None else max_blocks * block_len

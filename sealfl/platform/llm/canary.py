@@ -3,7 +3,7 @@
 Canary prompts are questions written here (:data:`CANARY_PROMPTS`), never partner text.
 Each is rendered with the release's chat template and tokenizer; the candidate model
 answers greedily (:data:`CANARY_NEW_TOKENS` tokens) on the build machine with the device's
-decoding code (:class:`sealfl.common.llm_decode.KVDecoder`); the canary sequence is the
+decoding code (:class:`sealfl.enclave.sandbox.decode.KVDecoder`); the canary sequence is the
 prompt plus that answer, scored position by position as a device scores it (prefill over
 the prompt, then token by token). Thresholds: :data:`MIN_AGREEMENT`, :data:`MAX_MEAN_ABS_DIFF`.
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from sealfl.attestation.llm_canary import LLM_CANARY_SCHEMA, parse_llm_canary
-from sealfl.common.llm_decode import KVDecoder, SamplingParams, choose_token
-from sealfl.enclave.llm_runtime import ChatTemplate
+from sealfl.enclave.sandbox.decode import KVDecoder, SamplingParams, choose_token
+from sealfl.enclave.sandbox.llm_runtime import ChatTemplate
 
 __all__ = ["CANARY_PROMPTS", "CANARY_NEW_TOKENS", "MIN_AGREEMENT", "MAX_MEAN_ABS_DIFF", "build_llm_canary"]
 
@@ -72,6 +72,6 @@ def build_llm_canary(model_bytes: bytes, tokenizer_json: bytes, chat_template: s
     doc = {"schema": LLM_CANARY_SCHEMA, "sequences": seqs, "prefill": pre, "expected_top1": top1,
            "expected_max_logit": maxl, "vocab": int(vocab), "min_agreement": float(min_agreement),
            "max_mean_abs_diff": float(max_mean_abs_diff),
-           "reference": "build machine's onnxruntime via sealfl.common.llm_decode (prefill, then token by token)"}
+           "reference": "build machine's onnxruntime via sealfl.enclave.sandbox.decode (prefill, then token by token)"}
     parse_llm_canary(doc)
     return doc

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -31,13 +30,13 @@ from pathlib import Path
 from rich.console import Console
 
 from sealfl.common.fsutil import atomic_write
-
-from .. import supervisor
-from ..campaign import CampaignSpec
-from ..consortium import create_consortium
-from ..errors import PlatformError
-from ..progress import run_campaign_with_progress
-from ..release import provision_release_enclave, release, trust_dir
+from sealfl.platform import supervisor
+from sealfl.platform.campaign import CampaignSpec
+from sealfl.platform.consortium import create_consortium
+from sealfl.platform.errors import PlatformError
+from sealfl.platform.outdir import prepare_owned_dir
+from sealfl.platform.progress import run_campaign_with_progress
+from sealfl.platform.release import provision_release_enclave, release, trust_dir
 
 __all__ = ["run_llm_demo", "SAMPLE_PROMPT"]
 
@@ -49,20 +48,8 @@ CHAT_QUESTION = "What is the difference between a list and a tuple in Python?"
 
 
 def _prepare(out: Path) -> None:
-    if out.exists():
-        if not out.is_dir():
-            raise PlatformError(f"{out} is a file; choose another --out")
-        names = {p.name for p in out.iterdir()}
-        if names and MARKER not in names:
-            raise PlatformError(f"{out} exists and is not an earlier LLM demo output; choose another --out")
-        foreign = names - OWNED
-        if foreign:
-            raise PlatformError(f"{out} holds files the LLM demo did not write ({', '.join(sorted(foreign))})")
-        for name in names:
-            p = out / name
-            shutil.rmtree(p) if p.is_dir() else p.unlink()
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text("written by sealfl llm-demo; replaced on the next run\n")
+    """Empty ``out`` of an earlier LLM demo's files; refuse to touch anything else."""
+    prepare_owned_dir(out, MARKER, OWNED, "LLM demo")
 
 
 def _tree_rss(pid: int) -> int:
@@ -192,7 +179,7 @@ def run_llm_demo(out: Path, *, rounds: int = 3, local_steps: int = 6, ray_addres
 
     console.rule("[bold]1. consortium (task causal-lm): CKKS key ceremony, 4 partner kits, release enclave")
     t0 = time.perf_counter()
-    from sealfl.clients.tasks import get_task
+    from sealfl.clients.plugins import get_task
 
     task = get_task("causal-lm")
     cons, codec = create_consortium(out / "consortium", "python-docs", list(task.partners), task="causal-lm")

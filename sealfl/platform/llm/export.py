@@ -34,8 +34,7 @@ import tempfile
 from pathlib import Path
 
 from sealfl.platform.errors import ReleaseError
-
-from .head import add_logits_start
+from sealfl.platform.llm.head import add_logits_start
 
 __all__ = ["ExportError", "builder_script", "save_hf_dir", "export_fp32"]
 

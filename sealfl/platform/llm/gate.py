@@ -7,7 +7,7 @@ implementations:
 * the **reference**: the float32 merged model in torch (transformers), one forward pass per
   block;
 * each **candidate**: the quantised ONNX bytes run the way a device runs them
-  (:class:`sealfl.common.llm_decode.KVDecoder`: prefill over the first ``prefill`` tokens,
+  (:class:`sealfl.enclave.sandbox.decode.KVDecoder`: prefill over the first ``prefill`` tokens,
   then one token at a time with the KV cache; same onnxruntime options as the device child).
 
 For every predicted position (``t_1 .. t_{L-1}`` of each block) it counts whether the
@@ -34,8 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sealfl.clients.causal_lm.scoring import candidate_scores, reference_scores
-
-from ..errors import ReleaseError
+from sealfl.platform.errors import ReleaseError
 
 __all__ = ["THRESHOLDS", "GateCounts", "reference_scores", "candidate_scores", "compare", "check_gate"]  # scores re-exported
 
@@ -86,7 +85,7 @@ class GateCounts:
 def compare(reference: list, candidate: list) -> GateCounts:
     """Counts of a candidate's scores against the reference's (same blocks, same order)."""
     if len(reference) != len(candidate):
-        raise ValueError(f"{len(candidate)} candidate blocks for {len(reference)} reference blocks")
+        raise ReleaseError(f"{len(candidate)} candidate blocks for {len(reference)} reference blocks")
     c = GateCounts()
     for (r_top, r_nll), (c_top, c_nll) in zip(reference, candidate):
         c = c + GateCounts(int(len(r_top)), int(np.sum(r_top == c_top)), float(r_nll.sum()), float(c_nll.sum()))

@@ -12,7 +12,7 @@ graph, whatever outputs are requested). This module inserts, in front of the hea
 with ``logits_start`` an int64 (1,) graph input: ``[0]`` gives every position (scoring),
 ``[-1]`` the last one, (batch, 1, vocab) (generation). It is a required input, not an
 initializer with a default: onnxruntime warns at every session about overridable
-initializers and hides them from ``get_inputs()``. :class:`sealfl.common.llm_decode.KVDecoder`
+initializers and hides them from ``get_inputs()``. :class:`sealfl.enclave.sandbox.decode.KVDecoder`
 feeds it whenever a graph has it. The last row is the same
 either way: the head is a matrix product row by row (its int8 activation quantisation,
 ``MatMulNBits`` accuracy level 4, is per row and block -- onnxruntime

@@ -26,13 +26,12 @@ from pathlib import Path
 import numpy as np
 
 from sealfl.common import protocol as P
-
-from .. import supervisor
-from ..errors import Interrupted, signal_name
-from ..fedeval import federated_evaluate
-from ..register import mark_issued, reserve, unreserve
-from .gate import THRESHOLDS, GateCounts
-from .release import build_candidates, llm_release_files
+from sealfl.common.errors import Interrupted, signal_name
+from sealfl.platform import supervisor
+from sealfl.platform.fedeval import federated_evaluate
+from sealfl.platform.llm.build import build_candidates, llm_release_files
+from sealfl.platform.llm.gate import THRESHOLDS, GateCounts
+from sealfl.platform.register import mark_issued, reserve, unreserve
 
 __all__ = ["release_llm", "global_arrays"]
 

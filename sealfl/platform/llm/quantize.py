@@ -74,6 +74,8 @@ import logging
 
 import numpy as np
 
+from sealfl.platform.errors import QuantizeError
+
 __all__ = ["BLOCK", "SCHEMES", "QuantizeError", "quantize_asym_blocks", "dequantize_asym_blocks",
            "quantize_sym8_blocks", "dequantize_sym8_blocks", "pack_nibbles", "quantize_llm"]
 
@@ -98,8 +100,6 @@ SCHEMES = {
 }
 
 
-class QuantizeError(ValueError):
-    """The graph or a weight cannot be quantised (names the node and the reason)."""
 
 
 def _blocks(w: np.ndarray) -> np.ndarray:

@@ -1,0 +1,84 @@
+"""Rows to score from a CSV file (``sealfl device boot --input``): bytes in, float32 out.
+
+:func:`parse_feature_rows` is pure over the file's bytes; :func:`read_feature_rows` reads at
+most :data:`MAX_INPUT_BYTES` of the file and parses them. The values are then checked
+against the release's signed ranges (:func:`sealfl.enclave.device.inputs.check_rows`).
+
+Format: UTF-8 (a byte-order mark is tolerated), comma-separated, one row per line, exactly
+``n_features`` columns; blank lines are skipped; a first row with no numeric cell is a
+header (it must have ``n_features`` columns too). Every cell must parse as a float, and be
+finite in float32.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+
+import numpy as np
+
+from sealfl.enclave.errors import InputFileError
+
+__all__ = ["MAX_INPUT_BYTES", "parse_feature_rows", "read_feature_rows"]
+
+#: Largest input file read (bytes); a bigger one is refused before it is parsed.
+MAX_INPUT_BYTES = 64 * 1024 * 1024
+
+
+def _number(cell: str) -> bool:
+    try:
+        float(cell)
+        return True
+    except ValueError:
+        return False
+
+
+def parse_feature_rows(data: bytes, n_features: int, source: str) -> np.ndarray:
+    """Parse CSV bytes into float32 ``(n, n_features)`` (format in the module docstring).
+
+    Raises:
+        InputFileError: the message starts with ``source`` and names the row and problem.
+    """
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InputFileError(f"{source}: not a UTF-8 text CSV ({exc.reason})") from exc
+    try:
+        rows = [r for r in csv.reader(io.StringIO(text, newline="")) if r and any(c.strip() for c in r)]
+    except csv.Error as exc:
+        raise InputFileError(f"{source}: not a CSV file ({exc})") from exc
+    if rows and not any(_number(c) for c in rows[0]):  # a header: every cell non-numeric
+        if len(rows[0]) != n_features:
+            raise InputFileError(f"{source}: the header has {len(rows[0])} columns, the model takes {n_features}")
+        rows = rows[1:]
+    if not rows:
+        raise InputFileError(f"{source}: no data rows")
+    out = np.zeros((len(rows), n_features), dtype=np.float32)
+    for i, row in enumerate(rows):
+        if len(row) != n_features:
+            raise InputFileError(f"{source}: data row {i + 1} has {len(row)} columns, the model takes {n_features}")
+        bad = [c for c in row if not _number(c)]
+        if bad:
+            raise InputFileError(f"{source}: data row {i + 1} has a non-numeric value {bad[0][:40]!r}")
+        with np.errstate(over="ignore"):
+            out[i] = np.asarray([float(c) for c in row], dtype=np.float64).astype(np.float32)
+        if not np.all(np.isfinite(out[i])):
+            raise InputFileError(f"{source}: data row {i + 1} has a NaN, infinite or out-of-float32-range value")
+    return out
+
+
+def read_feature_rows(path: str | os.PathLike, n_features: int) -> np.ndarray:
+    """Read and parse the CSV file ``path`` (see :func:`parse_feature_rows`).
+
+    Raises:
+        InputFileError: unreadable, larger than :data:`MAX_INPUT_BYTES`, or malformed.
+    """
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_INPUT_BYTES + 1)
+    except OSError as exc:
+        raise InputFileError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
+    if len(data) > MAX_INPUT_BYTES:
+        raise InputFileError(f"{path}: larger than {MAX_INPUT_BYTES} bytes; split it")
+    return parse_feature_rows(data, n_features, str(path))

@@ -1,0 +1,250 @@
+"""``sealfl device serve``: verify, boot and serve a causal-LM release over an
+OpenAI-compatible HTTP API on loopback.
+
+Threads and order (:func:`run_server`):
+
+1. the listening socket is bound first (``127.0.0.1`` by default; port 0 picks a free
+   one, reported on stderr and in ``--port-file``), and uvicorn serves the app
+   (:mod:`sealfl.enclave.device.serve.app`) on a daemon thread: ``/health`` answers 503
+   ``loading`` while the release is verified;
+2. the **main thread** boots exactly as ``sealfl device boot`` does
+   (:func:`sealfl.enclave.device.boot.boot`: trust anchors, device state, TEE measurement,
+   verification of every byte, canary, crash-consistent record; a refused release
+   falls back to the last good one, and with none the server exits 2 without ever
+   answering 200), then starts one more runtime per extra slot from the same verified
+   bytes (each accepted by its health check and the signed canary). Only the files the
+   chosen variant needs stay in memory (the other variant's bytes are dropped);
+3. the main thread then waits for slot restarts (a child that died) and signals.
+
+Stopping: SIGINT/SIGTERM raise :class:`~sealfl.common.errors.Interrupted` in the main
+thread wherever it is (boot included); every slot's child is closed, and the children
+carry ``PR_SET_PDEATHSIG`` as well, so none outlives the server even when it is
+SIGKILLed. The CLI prints one line and exits 128 + signal (130 / 143).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from sealfl.common.fsutil import atomic_write
+from sealfl.common.testpoints import check_environment, testpoint
+from sealfl.enclave.device.at_rest import KeySource
+from sealfl.enclave.device.llm_boot import boot_llm
+from sealfl.enclave.device.serve.metrics import ServeMetrics
+from sealfl.enclave.device.serve.openai_api import DEFAULT_LIMITS, APILimits
+from sealfl.enclave.device.serve.state import ReleaseInfo, ServeState
+from sealfl.enclave.errors import BootError, ServeOptionsError
+from sealfl.enclave.sandbox.child import trim_heap
+
+__all__ = ["ServeOptions", "run_server", "EXIT_REFUSED"]
+
+log = logging.getLogger(__name__)
+
+#: Exit status when the release is refused and no last good release can be served.
+EXIT_REFUSED = 2
+#: Prompt length of the warm-up generation each slot runs before the server reports ready.
+WARM_UP_TOKENS = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeOptions:
+    """How to serve.
+
+    Attributes:
+        host: address to bind (default loopback).
+        port: TCP port (0: a free one).
+        max_concurrent: generation slots (1..16); each is one sandboxed child holding the model.
+        variant: model variant (default: the release's default).
+        port_file: where to write the bound port (atomically), or None.
+        limits: request caps (:class:`~sealfl.enclave.device.serve.openai_api.APILimits`).
+        threads: onnxruntime intra-op threads per slot (None: cores / slots, at least 1).
+        timeout_s: longest wait for one token from a child, seconds.
+        key_source: key source for a release encrypted at rest
+            (:func:`sealfl.enclave.device.kbs_client.broker_key_source`), or None.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_concurrent: int = 1
+    variant: str | None = None
+    port_file: Path | None = None
+    limits: APILimits = DEFAULT_LIMITS
+    threads: int | None = None
+    timeout_s: float = 120.0
+    key_source: KeySource | None = None
+
+
+class _Stop(BaseException):
+    """A signal arrived (raised in the main thread by the handler)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """SIGINT/SIGTERM raise :class:`_Stop` in the main thread (once; later ones are ignored)."""
+    def handler(signum, frame):  # noqa: ARG001 - the signal module's signature
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, signal.SIG_IGN)
+        raise _Stop(signum)
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(128)
+    sock.set_inheritable(False)
+    return sock
+
+
+def _trimmed(release, spec):
+    """``release`` keeping only the payload files the chosen variant needs."""
+    keep = {f: release.payload[f] for f in [spec.model_file, *spec.files.values()]}
+    return dataclasses.replace(release, payload=keep)
+
+
+def _boot(trust: Path, release_dir: Path, state_dir: Path, opts: ServeOptions, state: ServeState,
+          say: Callable[[str], None]):
+    from sealfl.enclave.device.policy import boot_or_last_good
+
+    runtime_options = {"die_with_parent": True, "timeout_s": opts.timeout_s,
+                       "intra_op_threads": opts.threads or max(1, (os.cpu_count() or 1) // opts.max_concurrent)}
+
+    def refused(exc: BootError) -> None:
+        state.metrics.verification_failures.inc()
+        say(f"refused: {exc}")
+
+    try:
+        outcome = boot_or_last_good(trust, release_dir, state_dir, key_source=opts.key_source, variant=opts.variant,
+                                    runtime_options=runtime_options, on_refused=refused)
+    except BootError as exc:
+        state.status, state.error = "refused", str(exc)
+        raise
+    dev = outcome.device
+    if outcome.kept_last_good:
+        say(f"kept the last good release v{dev.release.version}")
+    if not dev.is_llm:
+        dev.close()
+        state.status, state.error = "refused", f"release {dev.release.name} is not a causal LM"
+        raise BootError(f"release {dev.release.name} is not a causal LM; 'device serve' serves language models",
+                        reason="model")
+    release, spec, runtimes = _trimmed(dev.release, dev.llm_spec), dev.llm_spec, [dev.runtime]
+    del dev  # the other variant's bytes (read for verification) go with it, before more slots load
+    trim_heap()
+    try:
+        for _ in range(opts.max_concurrent - 1):
+            rt, _, _ = boot_llm(release.payload, release.metadata, spec.variant, runtime_options)
+            runtimes.append(rt)
+        for rt in runtimes:
+            _warm_up(rt)
+    except BaseException:
+        for rt in runtimes:
+            rt.close()
+        raise
+    return release, spec, runtimes, runtime_options
+
+
+def _warm_up(runtime) -> None:
+    """One prefill of up to :data:`WARM_UP_TOKENS` tokens and one decode step, so the
+    first client does not pay onnxruntime's first-run costs (measured on SmolLM2 INT4,
+    2 threads: the first 128-token prefill of a session took 2.9 s, the next ones 1.0 s)."""
+    from sealfl.enclave.sandbox.decode import SamplingParams
+
+    text = "The device verified every byte of this release before it loaded the model. " * 16
+    ids = runtime.encode(text)[:max(1, min(WARM_UP_TOKENS, runtime.max_context - 3))]
+    runtime.generate(ids, SamplingParams(max_tokens=2))
+
+
+def run_server(trust: Path, release_dir: Path, state_dir: Path, opts: ServeOptions,
+               say: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True)) -> None:
+    """Serve until a signal (module docstring). Runs on the main thread.
+
+    Args:
+        trust, release_dir, state_dir: as for ``sealfl device boot``.
+        opts: :class:`ServeOptions`.
+        say: one line for the operator (stderr).
+
+    Raises:
+        Interrupted: SIGINT/SIGTERM; every child is gone.
+        BootError: nothing is served (``/health`` never answered 200): the release was
+            refused and no last good release could be booted
+            (:class:`~sealfl.enclave.device.policy.NothingRuns`), the TEE state needs
+            re-provisioning (reason ``tee-state``), the directories overlap, or the release
+            is not a causal LM (reason ``model``).
+        OSError: the address cannot be bound.
+        TestpointError: malformed test pause-point variables.
+    """
+    import uvicorn
+
+    from sealfl.common.errors import Interrupted
+    from sealfl.enclave.device.serve.app import create_app
+
+    if threading.current_thread() is not threading.main_thread():
+        raise ServeOptionsError("run_server must run on the main thread (signals, PR_SET_PDEATHSIG)")
+    check_environment()
+    if not 1 <= opts.max_concurrent <= 16:
+        raise ServeOptionsError(f"max_concurrent must lie in [1, 16], got {opts.max_concurrent}")
+    state: ServeState
+    metrics = ServeMetrics(opts.max_concurrent, worker_pids=lambda: state.worker_pids())
+    state = ServeState(opts.max_concurrent, metrics, state_dir=str(state_dir))
+    sock = _bind(opts.host, opts.port)
+    port = sock.getsockname()[1]
+    app = create_app(state, opts.limits)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                                           timeout_graceful_shutdown=1))
+    http = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="sealfl-http", daemon=True)
+    with _signals_raise():
+        try:
+            http.start()
+            if opts.port_file is not None:
+                atomic_write(Path(opts.port_file), f"{port}\n".encode(), 0o644)
+            say(f"listening on http://{opts.host}:{port} (health 503 until the release is verified and loaded)")
+            testpoint("serve-boot")
+            release, spec, runtimes, runtime_options = _boot(trust, release_dir, state_dir, opts, state, say)
+            metrics.set_context(spec.generation["max_context"])
+            state.ready(ReleaseInfo(release.name, release.version, release.root_digest, spec.variant,
+                                    release.statement_digest), runtimes, spec.generation["max_context"])
+            say(f"serving {release.name} v{release.version} ({spec.variant}, root digest {release.root_digest}) "
+                f"with {opts.max_concurrent} slot(s) on http://{opts.host}:{port}/v1")
+            while True:
+                slot = state.restarts.get()
+                _restart(state, slot, release, spec, runtime_options)
+        except _Stop as stop:
+            raise Interrupted(stop.signum) from None
+        finally:
+            state.close()
+            server.should_exit = True
+            sock.close()
+
+
+def _restart(state: ServeState, slot, release, spec, runtime_options: dict[str, Any]) -> None:
+    """Replace a dead slot's child with a new one from the kept verified bytes."""
+    try:
+        slot.runtime.close()
+        rt, _, _ = boot_llm(release.payload, release.metadata, spec.variant, runtime_options)
+    except BootError as exc:
+        log.error("slot %d could not be restarted: %s", slot.index, exc)
+        return
+    state.restarted(slot, rt)
+    log.warning("slot %d restarted (child pid %d)", slot.index, rt.pid)

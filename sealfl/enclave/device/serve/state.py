@@ -1,0 +1,162 @@
+"""What ``sealfl device serve`` shares between its HTTP thread and its main thread: the
+served release, the generation slots, the metrics.
+
+A **slot** is one :class:`~sealfl.enclave.sandbox.llm_runtime.LLMRuntime` (one sandboxed child
+with its own KV cache) that serves one request at a time. ``--max-concurrent N`` means N
+slots; a request that finds no free slot is refused at once (HTTP 429), so nothing is
+ever queued: memory is bounded by N children and N requests in flight.
+
+Runtimes are created on the server's **main thread** only (their children carry
+``PR_SET_PDEATHSIG``, which fires when the creating thread exits); a slot whose child died
+is handed back to the main thread (:meth:`ServeState.request_restart`), which starts a new
+child from the verified bytes it kept, accepts it as boot does (health check and signed
+canary) and counts a worker restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from sealfl.enclave.device.serve.metrics import ServeMetrics
+
+__all__ = ["Slot", "ServeState", "ReleaseInfo"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Slot:
+    """One generation slot (module docstring)."""
+
+    index: int
+    runtime: Any
+    busy: bool = False
+    broken: bool = False
+
+
+@dataclass(frozen=True)
+class ReleaseInfo:
+    """The served release, for ``/health``, ``/v1/models`` and the metrics."""
+
+    name: str
+    version: int
+    root_digest: str
+    variant: str
+    statement_digest: str = ""
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "version": self.version, "root_digest": self.root_digest,
+                "variant": self.variant, "statement_digest": self.statement_digest}
+
+
+@dataclass
+class ServeState:
+    """Shared state of one server.
+
+    Attributes:
+        max_concurrent: number of slots.
+        metrics: the :class:`ServeMetrics`.
+        status: ``"loading"`` until a verified model serves, then ``"ready"``; ``"refused"``
+            when boot failed; ``"stopping"`` on shutdown.
+        error: why boot failed (``"refused"``).
+        release: the served release (None until ready).
+        slots: the slots (empty until ready).
+        max_context: the release's context limit, tokens.
+        state_dir: the device state directory (``GET /attestation`` quotes its TEE).
+    """
+
+    max_concurrent: int
+    metrics: ServeMetrics
+    state_dir: str = ""
+    status: str = "loading"
+    error: str = ""
+    release: ReleaseInfo | None = None
+    slots: list[Slot] = field(default_factory=list)
+    max_context: int = 0
+    tokenizer_runtime: Any = None
+    restarts: "queue.Queue" = field(default_factory=queue.Queue)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _cancels: set = field(default_factory=set)
+
+    def track(self, cancel: threading.Event, on: bool) -> None:
+        """Register (``on``) or forget the cancel event of a running generation; :meth:`close`
+        sets every registered one."""
+        with self._lock:
+            (self._cancels.add if on else self._cancels.discard)(cancel)
+
+    @property
+    def model_id(self) -> str:
+        """The model id clients send (``/v1/models``): the release name."""
+        return self.release.name if self.release else ""
+
+    def ready(self, release: ReleaseInfo, runtimes: list, max_context: int) -> None:
+        """Start serving ``runtimes`` (one per slot) of ``release``."""
+        with self._lock:
+            self.slots = [Slot(i, rt) for i, rt in enumerate(runtimes)]
+            self.tokenizer_runtime = runtimes[0]
+            self.max_context = int(max_context)
+            self.release = release
+            self.status = "ready"
+        m = self.metrics
+        m.release_info.labels(release.name, str(release.version), release.variant, release.root_digest).set(1)
+        m.loaded.set(1)
+
+    def acquire(self) -> Slot | None:
+        """A free, working slot marked busy, or None (never waits)."""
+        with self._lock:
+            if self.status != "ready":
+                return None
+            for slot in self.slots:
+                if not slot.busy and not slot.broken:
+                    slot.busy = True
+                    self.metrics.running.inc()
+                    return slot
+        return None
+
+    def release_slot(self, slot: Slot) -> None:
+        """Give ``slot`` back (its request finished, failed or was cancelled)."""
+        self.metrics.kv_tokens(slot.index, 0)
+        with self._lock:
+            if slot.busy:
+                slot.busy = False
+                self.metrics.running.dec()
+
+    def request_restart(self, slot: Slot) -> None:
+        """Mark ``slot`` broken (its child died) and ask the main thread to restart it."""
+        with self._lock:
+            slot.broken = True
+        self.restarts.put(slot)
+
+    def restarted(self, slot: Slot, runtime) -> None:
+        """The main thread replaced ``slot``'s runtime."""
+        with self._lock:
+            slot.runtime = runtime
+            slot.broken = False
+        self.metrics.worker_restarts.inc()
+
+    def serving(self) -> bool:
+        """True while ready with at least one working slot."""
+        with self._lock:
+            return self.status == "ready" and any(not s.broken for s in self.slots)
+
+    def worker_pids(self) -> list[int]:
+        """Pids of the slots' live children."""
+        with self._lock:
+            return [s.runtime.pid for s in self.slots if s.runtime is not None and s.runtime.alive]
+
+    def close(self) -> None:
+        """Stop every slot's child (shutdown)."""
+        with self._lock:
+            self.status = "stopping"
+            runtimes = [s.runtime for s in self.slots]
+            for cancel in self._cancels:
+                cancel.set()
+        for rt in runtimes:
+            try:
+                rt.close()
+            except Exception:  # noqa: BLE001 -- shutting down: close the others regardless
+                log.exception("closing a runtime failed")

@@ -1,0 +1,92 @@
+"""``sealfl kbs serve``: the key broker over HTTP (FastAPI + uvicorn, bound to 127.0.0.1).
+
+Endpoints (JSON): ``POST /challenge`` -> ``{"nonce": hex}``; ``POST /key`` (body at most
+:data:`MAX_BODY` bytes, strict JSON) -> 200 with the wrapped key, or 403
+``{"error": message, "check": name}`` when refused, 400 on a malformed body. Protocol and
+checks: :mod:`sealfl.enclave.keybroker.broker`.
+
+Configuration files (:func:`load_broker`): the policy (``sealfl attest policy``), one or more
+device AK public keys (PEM), and the keys file ``{"<release root hex>": "<base64 32-byte
+key>"}`` (mode 0600; refused if group/other-readable).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from sealfl.attestation.canonical import JSONFormatError, loads_strict
+from sealfl.attestation.errors import AttestationError
+from sealfl.attestation.eventlog import parse_policy
+from sealfl.attestation.keys import load_public_keys
+from sealfl.common.fields import Fields
+from sealfl.common.fsutil import check_private_file
+from sealfl.enclave.errors import KeyBrokerError, KeyRequestRefused
+from sealfl.enclave.keybroker.broker import KeyBroker
+
+__all__ = ["MAX_BODY", "create_app", "load_broker"]
+
+log = logging.getLogger(__name__)
+MAX_BODY = 1024 * 1024
+
+
+def load_broker(policy: Path, aks: list[Path], keys: Path, *, nonce_ttl_s: float = 60.0) -> KeyBroker:
+    """Build a :class:`KeyBroker` from its files (see module docstring).
+
+    Raises:
+        KeyBrokerError: a file is unreadable, malformed, or the keys file is not private.
+    """
+    try:
+        pol = parse_policy(loads_strict(Path(policy).read_bytes()), str(policy))
+        ak_keys = [k for p in aks for k in load_public_keys(Path(p).read_bytes())]
+        if not check_private_file(keys):
+            raise KeyBrokerError(f"{keys} is readable by group/others; chmod 600 it")
+        raw = loads_strict(Path(keys).read_bytes())
+    except (OSError, JSONFormatError, AttestationError) as exc:
+        raise KeyBrokerError(f"cannot load the key broker configuration: {exc}") from exc
+    fields = Fields(str(keys), KeyBrokerError)
+    fields.object(raw, "", nonempty=True)
+    table = {}
+    for root, value in raw.items():
+        fields.hex64(root, root)
+        try:
+            key = base64.b64decode(fields.string(value, root), validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise fields.fail(root, f"is not base64: {exc}") from exc
+        if len(key) != 32:
+            raise fields.fail(root, "is not a 32-byte AES-256 key")
+        table[root] = key
+    return KeyBroker(pol, ak_keys, table, nonce_ttl_s=nonce_ttl_s)
+
+
+def create_app(broker: KeyBroker) -> FastAPI:
+    """The FastAPI app around ``broker``."""
+    app = FastAPI(title="sealfl key broker", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.post("/challenge")
+    def challenge() -> dict:
+        return {"nonce": broker.challenge()}
+
+    @app.post("/key")
+    async def key(request: Request) -> JSONResponse:
+        body = b""
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_BODY:
+                return JSONResponse({"error": f"request body over {MAX_BODY} bytes", "check": "request"}, 413)
+        try:
+            doc = loads_strict(body)
+        except JSONFormatError as exc:
+            return JSONResponse({"error": f"request body is not strict JSON: {exc}", "check": "request"}, 400)
+        try:
+            return JSONResponse(broker.release_key(doc))
+        except KeyRequestRefused as exc:
+            log.warning("key request refused (%s): %s", exc.check, exc)
+            return JSONResponse({"error": str(exc), "check": exc.check}, 403)
+
+    return app

@@ -1,0 +1,195 @@
+"""Decoding a causal-LM ONNX release with its KV cache: one sequence, token by token.
+
+Standalone on purpose (standard library, numpy and onnxruntime only, no sealfl imports):
+the sandboxed LLM child (:mod:`sealfl.enclave.sandbox.llm_child`) imports it by path, and the
+partners' release gate and the canary builder run the very same code in-process, so
+candidates are measured the way a device runs them. In ``sealfl.common`` because the
+device (enclave), the partners (clients) and the release pipeline all use it.
+
+The graph contract (what :mod:`sealfl.platform.llm.export` writes): inputs ``input_ids``
+int64 (1, s), ``attention_mask`` int64 (1, past + s), ``past_key_values.{i}.key|value``
+float32 (1, kv_heads, past, head_dim); outputs ``logits`` (1, s, vocab) and
+``present.{i}.key|value`` (1, kv_heads, past + s, head_dim). A generation is one prefill
+call over the prompt followed by one call per new token that feeds back the presents.
+
+Token choice (:func:`choose_token`): temperature 0 is greedy (lowest id among equal
+maxima, ``numpy.argmax``); otherwise softmax(logits / temperature) in float64, restricted
+to the smallest set of most likely tokens whose probability reaches ``top_p`` (nucleus
+sampling, Holtzman et al., ICLR 2020), renormalised, and sampled with the request's
+``numpy.random.Generator`` (PCG64 seeded from ``seed``): the same seed gives the same text.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["SamplingParams", "choose_token", "KVDecoder", "MAX_NEW_TOKENS_CAP"]
+
+MAX_NEW_TOKENS_CAP = 4096
+_PAST = re.compile(r"\Apast_key_values\.(\d+)\.(key|value)\Z")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens.
+
+    Attributes:
+        temperature: 0 = greedy; otherwise in (0, 5].
+        top_p: nucleus mass in (0, 1].
+        max_tokens: new tokens at most, 1..4096.
+        seed: seed of the sampler's PCG64 generator.
+        stop: stop strings (the text ends before the first one; at most 8, each 1..256 chars).
+    """
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 128
+    seed: int = 0
+    stop: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        t, p, n = self.temperature, self.top_p, self.max_tokens
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or not 0 <= t <= 5:
+            raise ValueError(f"temperature must be a number in [0, 5], got {t!r}")
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not math.isfinite(p) or not 0 < p <= 1:
+            raise ValueError(f"top_p must be a number in (0, 1], got {p!r}")
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_NEW_TOKENS_CAP:
+            raise ValueError(f"max_tokens must be an integer in [1, {MAX_NEW_TOKENS_CAP}], got {n!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
+        if not isinstance(self.stop, tuple) or len(self.stop) > 8 or \
+                any(not isinstance(s, str) or not 1 <= len(s) <= 256 for s in self.stop):
+            raise ValueError("stop must be at most 8 strings of 1..256 characters")
+
+    def to_dict(self) -> dict:
+        return {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens,
+                "seed": self.seed, "stop": list(self.stop)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SamplingParams":
+        """Build from a dict (unknown keys raise ValueError)."""
+        extra = set(d) - {"temperature", "top_p", "max_tokens", "seed", "stop"}
+        if extra:
+            raise ValueError(f"unknown sampling parameters {sorted(extra)}")
+        stop = d.get("stop", ())
+        if isinstance(stop, str):
+            stop = (stop,)
+        if not isinstance(stop, (list, tuple)):
+            raise ValueError("stop must be a string or a list of strings")
+        return cls(temperature=d.get("temperature", 0.0), top_p=d.get("top_p", 1.0),
+                   max_tokens=d.get("max_tokens", 128), seed=d.get("seed", 0), stop=tuple(stop))
+
+
+def choose_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+    """Pick the next token id from float logits (vocab,) (module docstring).
+
+    Raises:
+        ValueError: the logits are not a finite 1-D array.
+    """
+    x = np.asarray(logits, dtype=np.float64).reshape(-1)
+    if x.size == 0 or not np.all(np.isfinite(x)):
+        raise ValueError("the model produced logits that are not finite")
+    if params.temperature == 0:
+        return int(np.argmax(x))
+    z = (x - x.max()) / params.temperature
+    p = np.exp(z)
+    p /= p.sum()
+    if params.top_p < 1.0:
+        order = np.argsort(-p, kind="stable")
+        cum = np.cumsum(p[order])
+        keep = order[: int(np.searchsorted(cum, params.top_p)) + 1]
+        q = np.zeros_like(p)
+        q[keep] = p[keep]
+        p = q / q.sum()
+    return int(rng.choice(p.size, p=p))
+
+
+class KVDecoder:
+    """One sequence's decoding state over an onnxruntime session of a causal-LM release.
+
+    Args:
+        session: an ``onnxruntime.InferenceSession`` of the graph contract above.
+        max_context: largest total sequence length (prompt + generated) accepted.
+        head_dim: size of one attention head, when the graph leaves it symbolic (the
+            builder's export names it ``kv_cache_dim``; the release states it).
+
+    Raises:
+        ValueError: the session does not follow the graph contract.
+    """
+
+    def __init__(self, session, max_context: int = 2048, head_dim: int | None = None) -> None:
+        self.session = session
+        self.max_context = int(max_context)
+        ins = {i.name: i for i in session.get_inputs()}
+        if "input_ids" not in ins or "attention_mask" not in ins or "logits" not in \
+                [o.name for o in session.get_outputs()]:
+            raise ValueError("the model is not a causal LM with input_ids/attention_mask -> logits")
+        self.past_names = sorted((n for n in ins if _PAST.match(n)),
+                                 key=lambda n: (int(_PAST.match(n).group(1)), _PAST.match(n).group(2)))
+        if not self.past_names:
+            raise ValueError("the model has no past_key_values inputs (no KV cache)")
+        shape = ins[self.past_names[0]].shape
+        if len(shape) == 4 and isinstance(shape[3], int):
+            head_dim = shape[3] if head_dim is None else head_dim
+        if len(shape) != 4 or not isinstance(shape[1], int) or not isinstance(head_dim, int) or head_dim < 1 \
+                or (isinstance(shape[3], int) and shape[3] != head_dim):
+            raise ValueError(f"past_key_values must be (batch, kv_heads, past, head_dim) with a known head_dim, "
+                             f"got {shape} and head_dim {head_dim!r}")
+        self.kv_heads, self.head_dim = int(shape[1]), int(head_dim)
+        self.output_names = [o.name for o in session.get_outputs()]
+        # releases built since the logits_start input (sealfl.platform.llm.head) let the
+        # caller skip the head for all but the last position; older graphs compute them all
+        self.has_logits_start = "logits_start" in ins
+        self.present_for = {n: n.replace("past_key_values.", "present.") for n in self.past_names}
+        missing = [p for p in self.present_for.values() if p not in self.output_names]
+        if missing:
+            raise ValueError(f"the model lacks present outputs {missing[:3]}")
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the sequence (empty KV cache)."""
+        empty = np.zeros((1, self.kv_heads, 0, self.head_dim), dtype=np.float32)
+        self.past = {n: empty for n in self.past_names}
+        self.length = 0
+
+    def feed(self, ids, last_only: bool = False) -> np.ndarray:
+        """Append token ids to the sequence; return their logits, float32 (len(ids), vocab),
+        or (1, vocab) for the last id only with ``last_only`` (the graph then computes the
+        head for that position alone when it has the ``logits_start`` input).
+
+        Raises:
+            ValueError: no ids, an id outside int64, or the context would exceed ``max_context``.
+        """
+        arr = np.asarray(list(ids), dtype=np.int64).reshape(1, -1)
+        if arr.shape[1] == 0:
+            raise ValueError("no token ids to feed")
+        if self.length + arr.shape[1] > self.max_context:
+            raise ValueError(f"context of {self.length + arr.shape[1]} tokens exceeds the limit of {self.max_context}")
+        total = self.length + arr.shape[1]
+        feed = {"input_ids": arr, "attention_mask": np.ones((1, total), dtype=np.int64), **self.past}
+        if self.has_logits_start:
+            feed["logits_start"] = np.array([-1 if last_only else 0], dtype=np.int64)
+        out = dict(zip(self.output_names, self.session.run(self.output_names, feed)))
+        self.past = {n: out[p] for n, p in self.present_for.items()}
+        self.length = total
+        logits = out["logits"][0]
+        if logits.shape[0] != (1 if last_only and self.has_logits_start else arr.shape[1]):
+            raise ValueError(f"the model returned logits for {logits.shape[0]} positions, fed {arr.shape[1]}")
+        return logits[-1:] if last_only else logits
+
+    def teacher_forced(self, ids, prefill: int) -> np.ndarray:
+        """Logits for every position of ``ids`` computed as a device does: one prefill call
+        over the first ``prefill`` tokens, then one call per token. float32 (len(ids), vocab)."""
+        ids = list(ids)
+        if not 1 <= prefill <= len(ids):
+            raise ValueError(f"prefill must lie in [1, {len(ids)}], got {prefill}")
+        self.reset()
+        rows = [self.feed(ids[:prefill])]
+        for t in ids[prefill:]:
+            rows.append(self.feed([t]))
+        self.reset()
+        return np.concatenate(rows, axis=0)

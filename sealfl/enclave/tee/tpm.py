@@ -1,0 +1,358 @@
+"""``TpmTEE``: the TEE interface on a TPM 2.0 (``/dev/tpmrm0`` or ``swtpm``), via tpm2-tools.
+
+**Why the tpm2-tools CLI, not tpm2-pytss.** PyPI ``tpm2-pytss`` is a source build that needs
+``libtss2-dev`` and ``pkg-config`` (a C tool chain on every device); the Debian package
+``tpm2-tools`` (5.x) is a prebuilt binary with a stable command line, and the few
+operations sealfl needs (extend, read, quote, seal/unseal, NV, create EK/AK) are one
+command each. Every command runs with a timeout, its stderr tail goes into the error, and
+transient objects and sessions are flushed after use (``tpm2_flushcontext``): without a
+resource manager (``tpm2-abrmd``, or the kernel's ``/dev/tpmrm0``) a TPM runs out of object
+slots (``0x902``).
+
+**Which TPM.** The TCTI string (tpm2-tools' ``TPM2TOOLS_TCTI``) comes from the environment
+variable :data:`TCTI_ENV` (``SEALFL_TPM_TCTI``), else from ``tee.json``, else
+``device:/dev/tpmrm0``. Tests use ``swtpm:host=127.0.0.1,port=P``.
+
+**PCR allocation** (SHA-256 bank; same table in the README and :mod:`sealfl.enclave.measurement`):
+
+=====  ==============================================  =============  ===================
+PCR    measured                                        resettable?    extended by
+=====  ==============================================  =============  ===================
+16     sealfl runtime code (:func:`measure_device_      yes (debug)    ``device boot``,
+       runtime`), then the device configuration                       ``device attest``
+       (trust anchors + policy bytes)                                 (runtime re-check)
+23     release root digest (manifest root)             yes (app.)     ``device boot``
+=====  ==============================================  =============  ===================
+
+Why resettable PCRs: ``sealfl device boot`` is a user-space process that (re)boots a release
+without an OS reboot, and PCRs 16 and 23 are the only ones software may reset at locality 0
+(TCG PC Client Platform Firmware Profile, PCR usage); 0-15 belong to firmware/boot loader/OS
+and stay until a TPM restart, 17-22 to DRTM (locality 4). So each boot resets 16 and 23
+(:meth:`TpmTEE.load` with ``reset_pcrs=True``) and extends them from zero. The price: any
+process with TPM access at locality 0 (root, or the ``tss`` group on ``/dev/tpmrm0``) can
+reset them and replay good values, so a quote proves the sealfl state only as far as the OS
+is trusted. A production image that measures sealfl from its boot chain (IMA into PCR 10,
+or a unified kernel image into 11) should add those PCRs to the verifier's policy.
+
+**Provisioning** (:meth:`TpmTEE.create`): an ECC P-256 EK (``tpm2_createek``) and, under the
+endorsement hierarchy, an ECDSA/SHA-256 restricted signing AK (``tpm2_createak``), made
+persistent at :data:`AK_HANDLE`; its public part is exported as ``ak.pem`` for the verifier.
+The anti-rollback floor lives in the NV index :data:`FLOOR_NV_INDEX`
+(:mod:`sealfl.attestation.tee_floor` record, owner read/write); provisioning keeps an existing
+floor (re-bound to the new AK), so wiping the file-system state never lowers it.
+
+**Sealing**: a fresh 32-byte AES-256 key is sealed as a TPM keyed-hash object under the
+owner's primary ECC key (re-derived each time from the owner seed with ``tpm2_createprimary``)
+with a ``PolicyPCR`` policy (TPM 2.0 Part 1 §19.7) over the requested PCR values; the data
+is AES-256-GCM encrypted under that key (:mod:`sealfl.enclave.tee.sealed_blob`), with header
+canonical JSON ``{"alg", "bank", "policy": {"<i>": hex}, "pub": b64, "priv": b64}``
+(the TPM2B public/private parts of the sealed object), authenticated as GCM AAD.
+
+State directory (mode 0700, files 0600): ``tee.json`` ``{"backend": "tpm", "format": 1,
+"tcti": str}`` and ``ak.pem`` (AK public key). No secret is on disk.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from Crypto.Random import get_random_bytes
+
+from sealfl.attestation import keys as _keys
+from sealfl.attestation.canonical import JSONFormatError, canonical_json, loads_strict, parse_object
+from sealfl.attestation.errors import AttestationError
+from sealfl.attestation.quote import DIGEST_SIZE, PCR_BANK, pcr_digest, qualifying_data
+from sealfl.attestation.tee_floor import FLOOR_RECORD_SIZE, FloorRecord
+from sealfl.attestation.tpm_attest import parse_quote_attest
+from sealfl.common.fields import Fields
+from sealfl.common.fsutil import atomic_write, check_private_file, ensure_private_dir
+from sealfl.enclave.errors import TEEError, TEEStateError, UnsealError
+from sealfl.enclave.tee.interface import TEE, check_floor_write
+from sealfl.enclave.tee.interface import check_pcr_digest as _check_digest
+from sealfl.enclave.tee.interface import check_pcr_index as _check_index
+from sealfl.enclave.tee.sealed_blob import open_blob, seal_blob, split_blob
+from sealfl.enclave.tee.tpm_tools import DEFAULT_TCTI, TCTI_ENV, Tools, tcti_of
+
+__all__ = ["TpmTEE", "TEE_CLASS", "TCTI_ENV", "DEFAULT_TCTI", "AK_HANDLE", "FLOOR_NV_INDEX", "RESET_PCRS"]
+
+log = logging.getLogger(__name__)
+
+#: Persistent handle of the AK (owner range 0x81000000-0x817FFFFF; TCG handle registry).
+AK_HANDLE = "0x81010010"
+#: NV index of the anti-rollback floor (owner-defined range 0x01000000-0x01BFFFFF).
+FLOOR_NV_INDEX = "0x01500010"
+#: PCRs sealfl owns and resets on each boot (see the PCR allocation table).
+RESET_PCRS = (16, 23)
+_FORMAT = 1
+_MAGIC = b"SEALFL-TPMSEAL/1\n"
+
+
+def _parse_tee_json(data: bytes, root: Path) -> str:
+    fields = Fields(str(root / "tee.json"), TEEStateError)
+    meta = parse_object(data, fields)
+    fields.only(meta, ("backend", "format", "tcti"))
+    if fields.get(meta, "backend", "string") != "tpm":
+        raise fields.fail("backend", f"is {meta['backend']!r:.40}, not 'tpm'")
+    fields.get(meta, "format", "integer", lo=_FORMAT, hi=_FORMAT)
+    return fields.get(meta, "tcti", "string", max_len=512)
+
+
+class TpmTEE(TEE):
+    """TPM 2.0 TEE (see module docstring). Use :meth:`create` / :meth:`load`."""
+
+    backend = "tpm"
+    insecure = False
+
+    def __init__(self, state_dir: Path, tools: Tools, ak_pem: bytes) -> None:
+        """Internal; use :meth:`create` or :meth:`load`."""
+        self._dir = Path(state_dir)
+        self._tools = tools
+        self._ak_pem = ak_pem
+
+    @property
+    def state_dir(self) -> Path:
+        """The state directory of this TEE."""
+        return self._dir
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, state_dir: str | os.PathLike) -> "TpmTEE":
+        """Provision: EK, AK under the endorsement hierarchy made persistent at
+        :data:`AK_HANDLE` (replacing a previous one), ``ak.pem`` exported, floor record
+        (re-)bound to the new AK, keeping an existing floor.
+
+        Raises:
+            TEEStateError: ``state_dir`` already holds TEE state.
+            TEEError: a TPM command failed (message names it and the TPM).
+        """
+        root = Path(state_dir)
+        if (root / "tee.json").exists() or (root / "ak.pem").exists():
+            raise TEEStateError(f"{root} already holds TEE state; use TpmTEE.load or pick an empty directory")
+        tools = Tools(tcti_of(None))
+        ensure_private_dir(root)
+        with tempfile.TemporaryDirectory(prefix="sealfl-tpm-") as tmp:
+            ek, ak = os.path.join(tmp, "ek.ctx"), os.path.join(tmp, "ak.ctx")
+            pem = os.path.join(tmp, "ak.pem")
+            try:
+                tools.run("tpm2_createek", "-c", ek, "-G", "ecc", "-u", os.path.join(tmp, "ek.pub"))
+                tools.flush()
+                tools.run("tpm2_createak", "-C", ek, "-c", ak, "-G", "ecc", "-g", "sha256", "-s", "ecdsa",
+                          "-u", pem, "-f", "pem", "-n", os.path.join(tmp, "ak.name"))
+                tools.flush()
+                if tools.run("tpm2_readpublic", "-c", AK_HANDLE, check=False).returncode == 0:
+                    log.warning("replacing the persistent AK at %s on TPM %s", AK_HANDLE, tools.tcti)
+                    tools.run("tpm2_evictcontrol", "-C", "o", "-c", AK_HANDLE)
+                tools.run("tpm2_evictcontrol", "-C", "o", "-c", ak, AK_HANDLE)
+            finally:
+                tools.flush()
+            ak_pem = Path(pem).read_bytes()
+        atomic_write(root / "ak.pem", ak_pem, 0o600)
+        tee = cls(root, tools, ak_pem)
+        try:
+            old = tee.read_floor()
+        except TEEStateError:
+            old = None
+        if old is None:
+            tools.run("tpm2_nvdefine", FLOOR_NV_INDEX, "-C", "o", "-s", str(FLOOR_RECORD_SIZE),
+                      "-a", "ownerread|ownerwrite")
+            new = FloorRecord(tee.ak_keyid())
+        else:
+            log.warning("TPM %s keeps its rollback floor %s across re-provisioning", tools.tcti, old.version)
+            new = old.rebound(tee.ak_keyid())
+        tee._nv_write(new)
+        atomic_write(root / "tee.json", canonical_json({"backend": "tpm", "format": _FORMAT, "tcti": tools.tcti}),
+                     0o600)
+        return tee
+
+    @classmethod
+    def load(cls, state_dir: str | os.PathLike, *, reset_pcrs: bool = True) -> "TpmTEE":
+        """Open the provisioned TPM; ``reset_pcrs=True`` (a new device boot) resets
+        :data:`RESET_PCRS` to zero.
+
+        Raises:
+            TEEStateError: state files missing, malformed or group/other-accessible, or the
+                TPM's persistent AK is absent or differs from ``ak.pem`` (TPM cleared or
+                state from another device: re-provision on purpose).
+            TEEError: a TPM command failed.
+        """
+        root = Path(state_dir)
+        try:
+            for name in ("tee.json", "ak.pem"):
+                if not check_private_file(root / name):
+                    raise TEEStateError(f"{root / name} is accessible by group/others; chmod 600 it")
+            tcti = _parse_tee_json((root / "tee.json").read_bytes(), root)
+            ak_pem = (root / "ak.pem").read_bytes()
+        except OSError as exc:
+            raise TEEStateError(f"cannot load TPM TEE state from {root}: {exc}") from exc
+        tools = Tools(tcti_of(tcti))
+        with tempfile.TemporaryDirectory(prefix="sealfl-tpm-") as tmp:
+            out = os.path.join(tmp, "ak.pem")
+            if tools.run("tpm2_readpublic", "-c", AK_HANDLE, "-f", "pem", "-o", out, check=False).returncode != 0:
+                raise TEEStateError(f"TPM {tools.tcti} has no attestation key at {AK_HANDLE} (cleared, or another "
+                                    "TPM): re-provision the device on purpose (sealfl device provision --force)")
+            in_tpm = Path(out).read_bytes()
+        try:
+            same = _keys.keyid(_keys.load_public_key(in_tpm)) == _keys.keyid(_keys.load_public_key(ak_pem))
+        except AttestationError as exc:
+            raise TEEStateError(f"{root / 'ak.pem'}: {exc}") from exc
+        if not same:
+            raise TEEStateError(f"the AK in TPM {tools.tcti} at {AK_HANDLE} is not the one in {root / 'ak.pem'}: the "
+                                "TEE state belongs to another key; re-provision the device on purpose "
+                                "(sealfl device provision --force)")
+        tee = cls(root, tools, ak_pem)
+        if reset_pcrs:
+            tools.run("tpm2_pcrreset", *map(str, RESET_PCRS))
+        return tee
+
+    # -- TEE interface ---------------------------------------------------------------
+
+    def extend(self, pcr: int, digest: bytes) -> None:
+        """See :meth:`TEE.extend` (``tpm2_pcrextend``)."""
+        index = _check_index(pcr)
+        self._tools.run("tpm2_pcrextend", f"{index}:sha256={_check_digest(digest, 'extend digest').hex()}")
+
+    def read(self, pcrs: Sequence[int]) -> dict[int, bytes]:
+        """See :meth:`TEE.read` (``tpm2_pcrread``)."""
+        indices = sorted({_check_index(i) for i in pcrs})
+        if not indices:
+            return {}
+        with tempfile.TemporaryDirectory(prefix="sealfl-tpm-") as tmp:
+            out = os.path.join(tmp, "pcrs.bin")
+            self._tools.run("tpm2_pcrread", f"sha256:{','.join(map(str, indices))}", "-o", out)
+            raw = Path(out).read_bytes()
+        if len(raw) != DIGEST_SIZE * len(indices):
+            raise TEEError(f"tpm2_pcrread returned {len(raw)} bytes for {len(indices)} SHA-256 PCRs")
+        return {i: raw[k * DIGEST_SIZE:(k + 1) * DIGEST_SIZE] for k, i in enumerate(indices)}
+
+    def quote(self, purpose: str, data: bytes, pcrs: Sequence[int]) -> dict:
+        """See :meth:`TEE.quote`: ``TPM2_Quote`` by the AK; the dict carries ``attest``
+        (format in :mod:`sealfl.attestation.quote`)."""
+        indices = sorted({_check_index(i) for i in pcrs})
+        if not indices:
+            raise TEEError("a quote needs at least one PCR")
+        try:
+            nonce = qualifying_data(purpose, data)
+        except AttestationError as exc:
+            raise TEEError(f"cannot produce quote: {exc}") from exc
+        with tempfile.TemporaryDirectory(prefix="sealfl-tpm-") as tmp:
+            msg, sig, pcr_out = (os.path.join(tmp, n) for n in ("msg", "sig", "pcrs"))
+            try:
+                self._tools.run("tpm2_quote", "-c", AK_HANDLE, "-l", f"sha256:{','.join(map(str, indices))}",
+                                "-q", nonce.hex(), "-m", msg, "-s", sig, "-o", pcr_out, "-g", "sha256", "-f", "plain")
+            finally:
+                self._tools.flush()
+            attest, signature = Path(msg).read_bytes(), Path(sig).read_bytes()
+        info = parse_quote_attest(attest)
+        values = self.read(indices)
+        if info.pcr_digest.hex() != pcr_digest(values):
+            raise TEEError("a PCR changed while quoting (pcrDigest differs from the values read); quote again")
+        return {"backend": "tpm", "pcr_bank": PCR_BANK, "pcrs": {str(i): values[i].hex() for i in indices},
+                "pcr_digest": info.pcr_digest.hex(), "purpose": purpose, "nonce": info.extra_data.hex(),
+                "attest": base64.b64encode(attest).decode("ascii"),
+                "signature": base64.b64encode(signature).decode("ascii")}
+
+    def public_key(self) -> bytes:
+        """See :meth:`TEE.public_key`."""
+        return self._ak_pem
+
+    def seal(self, data: bytes, policy: Mapping[int, bytes] | None = None) -> bytes:
+        """See :meth:`TEE.seal`; blob format in the module docstring."""
+        pol = {_check_index(i): _check_digest(v, f"policy value of PCR {i}") for i, v in (policy or {}).items()}
+        key = get_random_bytes(32)
+        with tempfile.TemporaryDirectory(prefix="sealfl-tpm-") as tmp:
+            p = {n: os.path.join(tmp, n) for n in ("prim", "vals", "pol", "pub", "priv", "key")}
+            Path(p["key"]).write_bytes(key)
+            try:
+                self._primary(p["prim"])
+                args = ["tpm2_create", "-C", p["prim"], "-i", p["key"], "-u", p["pub"], "-r", p["priv"]]
+                if pol:
+                    Path(p["vals"]).write_bytes(b"".join(pol[i] for i in sorted(pol)))
+                    self._tools.run("tpm2_createpolicy", "--policy-pcr", "-l", self._sel(pol), "-f", p["vals"],
+                                    "-L", p["pol"])
+                    self._tools.flush()
+                    args += ["-L", p["pol"], "-a", "fixedtpm|fixedparent"]
+                else:
+                    args += ["-a", "fixedtpm|fixedparent|userwithauth"]
+                self._tools.run(*args)
+            finally:
+                self._tools.flush()
+            pub, priv = Path(p["pub"]).read_bytes(), Path(p["priv"]).read_bytes()
+        return seal_blob(_MAGIC, {"alg": "AES-256-GCM", "bank": PCR_BANK,
+                                  "policy": {str(i): pol[i].hex() for i in sorted(pol)},
+                                  "pub": base64.b64encode(pub).decode(), "priv": base64.b64encode(priv).decode()},
+                         key, data)
+
+    def unseal(self, blob: bytes) -> bytes:
+        """See :meth:`TEE.unseal`: the TPM releases the key only under the PCR policy."""
+        parts = split_blob(blob, _MAGIC, "TPM sealed blob")
+        try:
+            header = loads_strict(parts.header)
+            policy = sorted(int(i) for i in header["policy"])
+            pub, priv = base64.b64decode(header["pub"], validate=True), base64.b64decode(header["priv"], validate=True)
+        except (JSONFormatError, KeyError, TypeError, ValueError) as exc:
+            raise UnsealError(f"TPM sealed blob header is malformed: {exc}") from exc
+        with tempfile.TemporaryDirectory(prefix="sealfl-tpm-") as tmp:
+            p = {n: os.path.join(tmp, n) for n in ("prim", "pub", "priv", "obj")}
+            Path(p["pub"]).write_bytes(pub)
+            Path(p["priv"]).write_bytes(priv)
+            try:
+                self._primary(p["prim"])
+                if self._tools.run("tpm2_load", "-C", p["prim"], "-u", p["pub"], "-r", p["priv"], "-c", p["obj"],
+                                   check=False).returncode != 0:
+                    raise UnsealError("the TPM refused to load the sealed object: it was sealed by another TPM or "
+                                      "modified")
+                self._tools.flush()
+                auth = ["-p", f"pcr:{self._sel(policy)}"] if policy else []
+                proc = self._tools.run("tpm2_unseal", "-c", p["obj"], *auth, check=False)
+            finally:
+                self._tools.flush()
+        if proc.returncode != 0:
+            raise UnsealError(f"PCR policy not satisfied: PCR(s) {policy} differ from the values the data was sealed "
+                              "to (the measured code or boot state changed); re-provision the secret")
+        return open_blob(parts, proc.stdout, "sealed blob failed authentication: it was modified")
+
+    def read_floor(self) -> FloorRecord:
+        """See :meth:`TEE.read_floor` (``tpm2_nvread`` of :data:`FLOOR_NV_INDEX`)."""
+        with tempfile.TemporaryDirectory(prefix="sealfl-tpm-") as tmp:
+            out = os.path.join(tmp, "nv")
+            proc = self._tools.run("tpm2_nvread", FLOOR_NV_INDEX, "-C", "o", "-s", str(FLOOR_RECORD_SIZE),
+                                   "-o", out, check=False)
+            if proc.returncode != 0:
+                raise TEEStateError(f"TPM {self._tools.tcti} holds no rollback floor at NV index {FLOOR_NV_INDEX}: "
+                                    "re-provision the device on purpose (sealfl device provision --force)")
+            data = Path(out).read_bytes()
+        try:
+            return FloorRecord.from_bytes(data)
+        except AttestationError as exc:
+            raise TEEStateError(f"TPM NV index {FLOOR_NV_INDEX}: {exc}") from exc
+
+    def write_floor(self, record: FloorRecord) -> None:
+        """See :meth:`TEE.write_floor` (``tpm2_nvwrite``)."""
+        check_floor_write(self.read_floor(), record)
+        self._nv_write(record)
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def _nv_write(self, record: FloorRecord) -> None:
+        with tempfile.TemporaryDirectory(prefix="sealfl-tpm-") as tmp:
+            path = os.path.join(tmp, "nv")
+            Path(path).write_bytes(record.to_bytes())
+            self._tools.run("tpm2_nvwrite", FLOOR_NV_INDEX, "-C", "o", "-i", path)
+
+    def _primary(self, ctx: str) -> None:
+        self._tools.run("tpm2_createprimary", "-C", "o", "-G", "ecc", "-g", "sha256", "-c", ctx)
+        self._tools.flush()  # drops the handle; the context file reloads it
+
+    @staticmethod
+    def _sel(indices) -> str:
+        return "sha256:" + ",".join(str(i) for i in sorted(indices))
+
+
+#: Backend registry hook used by :func:`sealfl.enclave.tee.interface.backend_class`.
+TEE_CLASS = TpmTEE

@@ -1,0 +1,254 @@
+"""Packed BFV codec for add-only encrypted FedAvg (TenSEAL / Microsoft SEAL): the
+consortium option ``--he bfv`` (issue 9). CKKS (:mod:`sealfl.he.ckks`) stays the
+default, as ARCHITECTURE.md fixes it.
+
+What BFV gains over CKKS here: weighted FedAvg under HE needs additions only (partners pre-scale
+by their weight), so the ring can be as small as security allows and the plaintext
+space can be filled with fixed-point integers. BFV sums are *exact* (no decryption
+noise in the result, so the Li-Micciancio key-recovery attack on published CKKS
+decryptions, ePrint 2020/1533, does not apply to what key holders decrypt).
+
+Parameters (:class:`BFVParams`, defaults measured in ``bench/codec_bench.py``):
+
+- ring dimension N = 4096, coefficient modulus primes [32, 32, 40] bits (the 40-bit
+  prime is SEAL's special key-switching prime; a fresh ciphertext lives at the first
+  data level, 64 bits), plain modulus t = the largest 54-bit batching prime
+  (t = 1 mod 2N; ``seal.PlainModulus.Batching(4096, 54)`` = 18014398509309953).
+- **Security row:** HomomorphicEncryption.org Security Standard (Albrecht et al., 2018),
+  Table 1, 128-bit classical security, ternary secret, n = 4096: log2 q <= 109. Here
+  log2 q = 32 + 32 + 40 = 104. SEAL refuses (``encryption parameters are not set
+  correctly``) any set above its ``sec_level_type::tc128`` table, which is that row.
+- **Symmetric (secret-key) encryption**: only key holders (partners) encrypt, and they
+  hold the secret key. A fresh symmetric ciphertext's noise is one error sample, so
+  64 summed ciphertexts stay far below q/(2t) with a 64-bit data modulus (measured: 0
+  wrong slots in 4 x 4096 sums of 64 max-range ciphertexts; t = 2^57 fails every slot).
+  The aggregator's context carries **no keys at all** (~90 bytes): it can neither
+  decrypt nor encrypt, only add.
+- **Seeded ciphertexts** (:mod:`sealfl.he.sealchunks`): a partner's chunk of 8,192
+  values travels as ~34,030 bytes instead of the expanded ~68,900 -- about 1.04x the fp32
+  bytes.
+
+Layouts (:class:`Layout`, one byte in the frame header; a frame is only ever checked
+against the layout its caller expects):
+
+- ``PACKED`` (model updates): values are clipped to ``±(8 - 2^-10)`` (Flower SecAgg+'s
+  default clipping range 8), rounded to the nearest multiple of ``2^-23`` and packed two
+  per slot as 27-bit signed fields: ``slot = q0 + q1 * 2^27``. FedAvg partners encrypt
+  ``(n_i / N) * w_i`` with N the total declared in the statistics round and ``w_i``
+  itself clipped to ±(8 - 2^-10) first (:func:`sealfl.he.decrypted.update_share`), so
+  the *sum* of all partners' values stays within ``±8`` because the weights sum to at
+  most 1: that normalisation is the guard for the number of partners (no guard bits are
+  spent). A partner that skips the clipping can wrap the sum; so can one that lies about
+  its values in any other way -- the content is not checkable without the key.
+  Sum error <= K * 2^-24 for K partners; for K <= 64 that is <= 2^-18, the quantisation
+  step of SecAgg+'s defaults (range 16 over 2^22 levels).
+- ``WIDE`` (statistics ``[n, Σx, Σx²]`` and other unnormalised sums): one value per
+  slot, multiples of ``2^-12``, each partner's ``|value| < 2^34`` so 64 of them sum
+  within ``±2^52 < t/2``.
+
+Decoding is exact: the decrypted slot P (centred mod t, |P| < t/2) gives
+``q0 = centred(P mod 2^27)`` and ``q1 = (P - q0) / 2^27``.
+
+Frames: :mod:`sealfl.he.framed` with magic ``b"SFB2"``; each chunk is one SEAL
+ciphertext, checked as :mod:`sealfl.he.sealchunks` describes (BFV: not NTT form,
+scale 1). What cannot be checked without the secret key: that the content is in range.
+A partner that encrypts out-of-range values corrupts at most the sums of the slots it
+writes (and, through a carry, the neighbouring packed value): the key holders'
+decrypted-value bounds (:mod:`sealfl.he.decrypted`) remain the defence.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+from sealfl.he.errors import CiphertextError, SecretKeyMissingError
+from sealfl.he.framed import LAYOUTS, PACKED, WIDE, ChunkedParams, Layout, tenseal
+from sealfl.he.sealchunks import SealChunkCodec
+
+__all__ = ["MAGIC", "BFVParams", "BFVCodec", "quantize", "pack", "unpack", "context_id",
+           "Layout", "PACKED", "WIDE", "LAYOUTS"]
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"SFB2"  # "SFBV" frames carried TenSEAL BFVVector chunks (before seeded ciphertexts)
+
+
+@dataclass(frozen=True)
+class BFVParams(ChunkedParams):
+    """BFV parameters (see the module docstring for the security row and measurements).
+
+    Attributes:
+        poly_modulus_degree: ring dimension N (slots per ciphertext = N).
+        coeff_mod_bit_sizes: SEAL coefficient modulus prime sizes; the last one is the
+            special (key-switching) prime, not part of a fresh ciphertext.
+        plain_modulus_bits: t is SEAL's largest batching prime of this many bits.
+    """
+
+    SCHEME: ClassVar[str] = "BFV"
+    EXTRA: ClassVar[str] = "plain_modulus_bits"
+
+    poly_modulus_degree: int = 4096
+    coeff_mod_bit_sizes: tuple[int, ...] = field(default=(32, 32, 40))
+    plain_modulus_bits: int = 54
+
+    @property
+    def slots(self) -> int:
+        """Integer slots per ciphertext (BFV batching: N)."""
+        return self.poly_modulus_degree
+
+    def values_per_slot(self, layout: Layout) -> int:
+        """Real values one slot carries: ``layout.per_slot`` fixed-point fields."""
+        return layout.per_slot
+
+
+def quantize(values: np.ndarray, layout: Layout) -> np.ndarray:
+    """Fixed-point integers (int64) of ``values`` (float64, 1-D) under ``layout``:
+    clip (``layout.clip``), then round half to even at ``2**-frac_bits``.
+
+    Raises CiphertextError for NaN/inf, or a value beyond ``layout.max_abs`` when the
+    layout does not clip.
+    """
+    v = np.asarray(values)
+    if v.dtype.kind not in "biuf":
+        raise CiphertextError(f"can only encrypt real numbers, got dtype {v.dtype}")
+    v = v.astype(np.float64)
+    if v.ndim != 1:
+        raise CiphertextError(f"expected a 1-D vector, got shape {v.shape}")
+    if not np.all(np.isfinite(v)):
+        raise CiphertextError("cannot encrypt NaN or infinite values")
+    if layout.clip is not None:
+        n_clipped = int(np.count_nonzero(np.abs(v) > layout.clip))
+        if n_clipped:
+            log.warning("clipped %d of %d values to ±%g before encryption", n_clipped, v.size, layout.clip)
+        v = np.clip(v, -layout.clip, layout.clip)
+    elif v.size and float(np.max(np.abs(v))) >= layout.max_abs:
+        raise CiphertextError(f"value {float(np.max(np.abs(v))):.6g} is beyond this layout's range ±{layout.max_abs:g}")
+    return np.rint(np.ldexp(v, layout.frac_bits)).astype(np.int64)
+
+
+def pack(q: np.ndarray, layout: Layout) -> np.ndarray:
+    """Pack signed integers (int64, each ``|q| < 2**(bits-1)``) ``per_slot`` per slot:
+    ``slot = Σ_j q[j] * 2**(bits*j)`` (int64; the last slot is zero-padded)."""
+    if layout.per_slot == 1:
+        return q.astype(np.int64)
+    pad = (-q.size) % layout.per_slot
+    q = np.concatenate([q, np.zeros(pad, dtype=np.int64)]).reshape(-1, layout.per_slot)
+    out = np.zeros(q.shape[0], dtype=np.int64)
+    for j in range(layout.per_slot - 1, -1, -1):
+        out = (out << layout.bits) + q[:, j]
+    return out
+
+
+def unpack(slots: np.ndarray, layout: Layout, length: int) -> np.ndarray:
+    """Inverse of :func:`pack` for centred slot values (int64); returns ``length`` ints."""
+    p = np.asarray(slots, dtype=np.int64)
+    if layout.per_slot == 1:
+        return p[:length]
+    half, full = 1 << (layout.bits - 1), 1 << layout.bits
+    cols = []
+    for _ in range(layout.per_slot):
+        lo = ((p + half) & (full - 1)) - half
+        cols.append(lo)
+        p = (p - lo) >> layout.bits
+    return np.stack(cols, axis=1).reshape(-1)[:length]
+
+
+def context_id(public_context_bytes: bytes, salt: bytes) -> bytes:
+    """32-byte id of a campaign's context: SHA-256 of its public serialisation and a
+    random 32-byte ``salt`` drawn at the key ceremony. The public BFV context holds no
+    key (only parameters), so without the salt every campaign with the same parameters
+    would share an id. A label, not a proof: anyone who saw the id can write it."""
+    return hashlib.sha256(b"sealfl-bfv-context\0" + public_context_bytes + salt).digest()
+
+
+class BFVCodec(SealChunkCodec):
+    """Encrypt, add and decrypt framed packed-BFV vectors under one TenSEAL context.
+
+    :meth:`generate` makes a secret (symmetric) context; :meth:`from_bytes` loads one.
+    The aggregator's context (:meth:`public_context_bytes`) holds no keys: it adds only.
+    """
+
+    MAGIC = MAGIC
+    SCHEME = "BFV"
+    SAVES_PUBLIC_KEY = False  # symmetric: the aggregator's context holds no key at all
+    #: partners encrypt ``(n_i / N) w_i`` (:func:`sealfl.he.decrypted.update_share`)
+    WEIGHTING = "share"
+
+    def __init__(self, context, params: BFVParams, ctx_id: bytes):
+        import tenseal.sealapi as sealapi
+
+        self._ctx = context
+        self.params = params
+        self.context_id = ctx_id
+        self._init_seal(context)
+        self._encoder = sealapi.BatchEncoder(self._seal)
+
+    _scale = 1.0  # BFV ciphertexts have scale 1
+
+    def _encode(self, values: list):
+        import tenseal.sealapi as sealapi
+
+        plain = sealapi.Plaintext()
+        self._encoder.encode(values or [0], plain)
+        return plain
+
+    def _decode(self, plain) -> list:
+        return self._encoder.decode_int64(plain)
+
+    @classmethod
+    def generate(cls, params: BFVParams | None = None) -> "BFVCodec":
+        """Key ceremony: a fresh symmetric BFV context holding the secret key."""
+        ts = tenseal()
+        import tenseal.sealapi as sealapi
+
+        params = params or BFVParams()
+        t = sealapi.PlainModulus.Batching(params.poly_modulus_degree, params.plain_modulus_bits).value()
+        ctx = ts.context(ts.SCHEME_TYPE.BFV, poly_modulus_degree=params.poly_modulus_degree, plain_modulus=t,
+                         coeff_mod_bit_sizes=list(params.coeff_mod_bit_sizes),
+                         encryption_type=ts.ENCRYPTION_TYPE.SYMMETRIC)
+        codec = cls(ctx, params, b"")
+        codec.context_id = context_id(codec.public_context_bytes(), os.urandom(32))
+        return codec
+
+    @classmethod
+    def from_bytes(cls, context_bytes: bytes, params: BFVParams, ctx_id: bytes) -> "BFVCodec":
+        """Load a serialised context. Raises CiphertextError if it is not a TenSEAL BFV
+        context with ``params`` (N, primes, plain modulus)."""
+        ctx, parms = cls._load_context(context_bytes, params)
+        t = parms.plain_modulus().value()
+        if t.bit_length() != params.plain_modulus_bits:
+            raise CiphertextError(f"context plain modulus of {t.bit_length()} bits differs from the campaign's "
+                                  f"{params.to_dict()}")
+        return cls(ctx, params, ctx_id)
+
+    # ---- encrypt / frame ----------------------------------------------------------------
+    def encrypt(self, vector: np.ndarray, layout: Layout = PACKED) -> bytes:
+        """Encrypt a 1-D real vector (used as float64) under ``layout``; returns a frame.
+
+        Values beyond the layout's ``clip`` are clipped with a warning (``PACKED``: ±(8 -
+        2^-10)); a layout without ``clip`` (``WIDE``) refuses them instead.
+
+        Raises SecretKeyMissingError without the secret key (symmetric encryption);
+        CiphertextError for a non-1-D, non-real or non-finite vector, or a value beyond a
+        non-clipping layout's range.
+        """
+        q = quantize(vector, layout)
+        return self.frame(q.size, self._seeded_chunks(pack(q, layout), self.params.slots), layout)
+
+    def decrypt(self, blob: bytes, expected_length: int | None = None, layout: Layout = PACKED) -> np.ndarray:
+        """Decrypt a frame into float64 (length,) -- exact fixed-point values.
+
+        Raises SecretKeyMissingError without the secret key; CiphertextError for an
+        invalid frame.
+        """
+        if not self.has_secret_key:
+            raise SecretKeyMissingError("this BFV context holds no secret key; only key holders can decrypt")
+        length, parts = self._decrypted_chunks(blob, expected_length, layout)
+        slots = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
+        return np.ldexp(unpack(slots, layout, length).astype(np.float64), -layout.frac_bits)

@@ -1,0 +1,37 @@
+"""Exception hierarchy of :mod:`sealfl.he` (one base, :class:`HEError`)."""
+
+from __future__ import annotations
+
+from sealfl.common.errors import SealflError
+
+__all__ = ["HEError", "CiphertextError", "SecretKeyMissingError", "DecryptedValueError", "KeyWrapError",
+           "ServerOptError"]
+
+
+class HEError(SealflError):
+    """Base class of every error raised by :mod:`sealfl.he` (homomorphic encryption, key
+    wrapping of HE secrets, and what key holders do with decryptions)."""
+
+
+class CiphertextError(HEError):
+    """A ciphertext blob does not parse, belongs to another HE context, or has the
+    wrong length. The message names what was wrong; callers add who sent it."""
+
+
+class SecretKeyMissingError(HEError):
+    """Decryption was asked of a HE context that holds no secret key (the aggregator's)."""
+
+
+class DecryptedValueError(HEError):
+    """A key holder refused a decrypted aggregate: it is out of the bounds the task
+    declares, not finite, or its count differs from the declared total. Nothing derived
+    from it may be published (see :mod:`sealfl.he.decrypted`)."""
+
+
+class KeyWrapError(HEError):
+    """Unwrapping a kit secret failed: wrong private key, wrong label, or a modified blob
+    (:mod:`sealfl.he.kit_wrap`)."""
+
+
+class ServerOptError(HEError):
+    """A server-optimizer setting is unknown or out of range (:mod:`sealfl.he.server_opt`)."""

@@ -1,0 +1,104 @@
+"""The ``sealfl`` command line (typer + rich): one module per persona.
+
+=================  =====================================================================
+``consortium``     coordinator: create a consortium (:mod:`.consortium`)
+``campaign``       coordinator: run and watch encrypted campaigns (:mod:`.campaign`)
+``release``        coordinator: build, gate, sign and attest a release (:mod:`.release`)
+``partner``        partner: check a startup kit and the local data (:mod:`.partner`)
+``device``         device: provision, boot, generate, serve, attest, doctor (:mod:`.device`)
+``verify``         anyone: check a release without loading it (:mod:`.device`)
+``attest`` ``kbs``  verifier and key broker (:mod:`.attest`)
+``demo`` ...       the whole path end to end (:mod:`.demo`)
+=================  =====================================================================
+
+A command group's module is imported only when that group runs (:class:`_LazyGroup`):
+``sealfl device boot`` loads this module, :mod:`.device` and what they import -- all of it
+part of the device runtime's measurement (:mod:`sealfl.enclave.measurement`) -- and no
+coordinator code. Options shared by several commands are defined once in :mod:`.options`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+import typer
+from typer.core import TyperGroup
+
+from sealfl.platform.cli.output import VERBOSE, err, setup_logging
+
+__all__ = ["app", "main", "COMMANDS"]
+
+#: command name -> (module, attribute holding its typer app, one-line help)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "consortium": ("sealfl.platform.cli.consortium", "app",
+                   "Coordinator: create a consortium (HE key ceremony, partner kits, release enclave)."),
+    "campaign": ("sealfl.platform.cli.campaign", "app",
+                 "Coordinator: run encrypted campaigns on Ray (FedAvg, or FedAvgM / FedAdam at the key holders)."),
+    "release": ("sealfl.platform.cli.release", "app", "Coordinator: build, gate, sign and attest a release."),
+    "partner": ("sealfl.platform.cli.partner", "app",
+                "Partner: check a startup kit and the local data before joining a campaign."),
+    "device": ("sealfl.platform.cli.device", "app",
+               "Device: provision, verify, boot, serve and attest releases in the sandboxed runtime."),
+    "verify": ("sealfl.platform.cli.device", "verify_app",
+               "Check a release (signature, attestation, every file hash) without loading it."),
+    "attest": ("sealfl.platform.cli.attest", "app", "Verifier: write a policy, check a device's evidence."),
+    "kbs": ("sealfl.platform.cli.attest", "kbs_app", "Key broker: release model keys to attested devices."),
+    "demo": ("sealfl.platform.cli.demo", "demo_app",
+             "The whole path on the real four-hospital data, end to end."),
+    "llm-demo": ("sealfl.platform.cli.demo", "llm_demo_app",
+                 "Federated LoRA of SmolLM2-135M on four manuals, end to end."),
+}
+
+
+#: the entries of :data:`COMMANDS` that are command groups (``sealfl device boot``)
+GROUPS = frozenset({"consortium", "campaign", "release", "partner", "device", "attest", "kbs"})
+
+
+class _LazyGroup(TyperGroup):
+    """The root group: a command's module is imported when the command is looked up."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        entry = COMMANDS.get(cmd_name)
+        if entry is None:
+            return None
+        module, attr, help_ = entry
+        # the one import by name in the CLI: which persona module runs is the command line's
+        # choice; the device's measured-imports test runs the device commands and checks
+        # what they loaded
+        typer_app = getattr(importlib.import_module(module), attr)
+        # a group stays a group even with one subcommand (``consortium create``); the
+        # top-level commands (verify, demo, llm-demo) are one-command apps
+        command = typer.main.get_group(typer_app) if cmd_name in GROUPS else typer.main.get_command(typer_app)
+        command.name = cmd_name
+        command.short_help = help_
+        return command
+
+
+app = typer.Typer(cls=_LazyGroup, help="sealfl: encrypted federated fine-tuning -> attested, signed edge releases.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+
+
+@app.callback()
+def _main_options(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress details.")) -> None:
+    setup_logging(verbose)
+
+
+def main() -> None:
+    """Console-script entry point: an unexpected error becomes one line (with -v: the traceback)."""
+    try:
+        app(standalone_mode=True)
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        err.print("[bold red]interrupted[/]")
+        sys.exit(130)
+    except Exception as exc:  # the last line of defence: no tracebacks for users
+        if VERBOSE["on"]:
+            raise
+        err.print(f"[bold red]error:[/] {type(exc).__name__}: {exc}\n(run with -v for the traceback)")
+        sys.exit(1)

@@ -1,0 +1,111 @@
+"""``sealfl attest`` (a verifier writes a policy and checks a device's evidence) and
+``sealfl kbs`` (the key broker). I/O around the pure checks of
+:mod:`sealfl.attestation.eventlog` and :mod:`sealfl.enclave.keybroker.broker`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from sealfl.common.errors import SealflError
+from sealfl.platform.cli.device import parse_nonce
+from sealfl.platform.cli.options import TrustDir
+from sealfl.platform.cli.output import command_group, console, err, fail
+
+__all__ = ["app", "kbs_app"]
+
+app = command_group("attest")
+kbs_app = command_group("kbs")
+
+_MAX_DOC = 4 * 1024 * 1024
+
+
+def _read_json(path: Path, what: str):
+    from sealfl.attestation.canonical import JSONFormatError, loads_strict
+
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(_MAX_DOC + 1)
+    except OSError as exc:
+        fail(f"cannot read the {what} {path}: {exc.strerror or exc}")
+    if len(data) > _MAX_DOC:
+        fail(f"the {what} {path} is larger than {_MAX_DOC} bytes")
+    try:
+        return loads_strict(data)
+    except JSONFormatError as exc:
+        fail(f"the {what} {path} is not strict JSON: {exc}")
+
+
+@app.command("policy")
+def policy(
+    trust: TrustDir,
+    release: list[Path] = typer.Option(..., "--release", "-r", help="An approved release directory (repeat)."),
+    tee: list[str] = typer.Option(["tpm"], "--tee", help="Allowed TEE backend (repeat)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Policy file to write."),
+) -> None:
+    """Write an attestation policy allowing this sealfl runtime, this configuration and
+    these releases (their signed root digests, checked against the trust anchors)."""
+    from sealfl.attestation.canonical import canonical_json
+    from sealfl.attestation.eventlog import POLICY_SCHEMA
+    from sealfl.attestation.reader import load_release
+    from sealfl.attestation.trust import load_trust_anchors
+    from sealfl.common.fsutil import atomic_write
+    from sealfl.enclave.device.evidence import measure_config
+    from sealfl.enclave.measurement import measure_device_runtime
+
+    try:
+        anchors = load_trust_anchors(trust)
+        roots = sorted({load_release(r, anchors).root_digest for r in release})
+        doc = {"schema": POLICY_SCHEMA, "backends": sorted(set(tee)),
+               "runtime_code": [measure_device_runtime().hex()], "config": [measure_config(trust).hex()],
+               "release_root": roots}
+        atomic_write(out, canonical_json(doc) + b"\n", 0o644)
+    except (SealflError, OSError) as exc:
+        fail(str(exc))
+    console.print(f"wrote {out}: {len(roots)} release(s), backends {sorted(set(tee))}")
+
+
+@app.command("verify")
+def verify(
+    evidence: Path = typer.Option(..., "--evidence", "-e", help="Evidence JSON from 'sealfl device attest'."),
+    ak: Path = typer.Option(..., "--ak", help="The device's pinned AK public key (PEM)."),
+    nonce: str = typer.Option(..., "--nonce", help="The challenge you issued for this request, hex."),
+    policy: Path = typer.Option(..., "--policy", "-p", help="Attestation policy JSON (sealfl attest policy)."),
+) -> None:
+    """Check AK signature, nonce, PCR digest, event-log replay and the policy. Exit 0 if
+    the device is in an approved state, 1 with the failed check otherwise."""
+    from sealfl.attestation.eventlog import parse_policy, verify_evidence
+    from sealfl.attestation.keys import load_public_key
+
+    n = parse_nonce(nonce)
+    try:
+        key = load_public_key(ak.read_bytes())
+        pol = parse_policy(_read_json(policy, "policy"), str(policy))
+        result = verify_evidence(_read_json(evidence, "evidence"), key, n, pol)
+    except (SealflError, OSError) as exc:
+        fail(f"attestation refused: {exc}")
+    console.print(json.dumps({"verified": True, "backend": result.backend, "release_root": result.release_root,
+                              "pcrs": {str(k): v for k, v in sorted(result.pcrs.items())}}))
+
+
+@kbs_app.command("serve")
+def kbs_serve(
+    policy: Path = typer.Option(..., "--policy", "-p", help="Attestation policy JSON (sealfl attest policy)."),
+    ak: list[Path] = typer.Option(..., "--ak", help="A registered device's AK public key PEM (repeat)."),
+    keys: Path = typer.Option(..., "--keys", help="Keys file {root digest hex: base64 key}, mode 0600."),
+    port: int = typer.Option(8443, "--port", min=1, max=65535, help="Port on 127.0.0.1."),
+    nonce_ttl: float = typer.Option(60.0, "--nonce-ttl", min=1.0, max=3600.0, help="Challenge lifetime, s."),
+) -> None:
+    """Serve POST /challenge and POST /key on 127.0.0.1 (protocol: sealfl.enclave.keybroker.broker)."""
+    import uvicorn
+
+    from sealfl.enclave.keybroker.server import create_app, load_broker
+
+    try:
+        broker = load_broker(policy, ak, keys, nonce_ttl_s=nonce_ttl)
+    except SealflError as exc:
+        fail(str(exc))
+    err.print(f"key broker on http://127.0.0.1:{port} ({len(ak)} AK file(s))")
+    uvicorn.run(create_app(broker), host="127.0.0.1", port=port, log_level="warning")

@@ -1,0 +1,266 @@
+"""``sealfl device`` and ``sealfl verify``: what a device runs.
+
+Part of the device runtime's measurement (:data:`sealfl.enclave.measurement.DEVICE_RUNTIME_ROOTS`):
+editing this module changes every device's PCR 16. Each command parses its options and
+calls one function of :mod:`sealfl.enclave.device`; the decisions (what boots, what is
+refused, exit codes) live there -- :mod:`sealfl.enclave.device.policy` for the one "boot,
+else keep the last good release" policy and its exit codes.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from sealfl.common.errors import Interrupted, SealflError
+from sealfl.platform.cli.options import KeyBroker, ReleaseDir, StateDir, TrustDir, Variant
+from sealfl.platform.cli.output import command_group, console, err, fail, stopped
+
+__all__ = ["app", "verify_app"]
+
+app = command_group("device")
+verify_app = typer.Typer(name="verify", add_completion=False)
+
+_MAX_NONCE_BYTES = 64
+
+
+def _say(message: str) -> None:
+    err.print(message, soft_wrap=True, markup=False, highlight=False)
+
+
+def _boot(trust: Path, release_dir: Path, state: Path, *, key_broker: str | None = None, variant: str | None = None):
+    """:func:`~sealfl.enclave.device.policy.boot_or_last_good`, its refusals on stderr, its
+    failures as exit codes (2 nothing runs, 4 TEE state, 1 other)."""
+    from sealfl.enclave.device.kbs_client import broker_key_source
+    from sealfl.enclave.device.policy import EXIT_NOTHING_RUNS, EXIT_TEE_STATE, NothingRuns, boot_or_last_good
+    from sealfl.enclave.errors import BootError
+
+    keys = broker_key_source(key_broker) if key_broker else None
+    try:
+        outcome = boot_or_last_good(trust, release_dir, state, key_source=keys, variant=variant,
+                                    on_refused=lambda exc: _say(f"refused: {exc}"))
+    except NothingRuns as exc:
+        fail(f"nothing runs: {exc}", EXIT_NOTHING_RUNS)
+    except BootError as exc:
+        fail(str(exc), EXIT_TEE_STATE if exc.reason == "tee-state" else 1)
+    except (SealflError, OSError) as exc:
+        fail(str(exc))
+    if outcome.kept_last_good:
+        _say(f"kept the last good release v{outcome.device.release.version}")
+    return outcome
+
+
+@app.command("boot")
+def boot(
+    release_dir: ReleaseDir,
+    trust: TrustDir,
+    state: StateDir,
+    features_csv: Optional[Path] = typer.Option(
+        None, "--input", help="CSV of raw feature rows to score (heart model: 13 columns age, sex(1=male), trestbps, "
+        "chol, fbs, thalch, exang, oldpeak, cp=atypical angina, cp=non-anginal, cp=typical angina, "
+        "restecg=normal, restecg=st-t abnormality; an optional header row). Prints one probability per row."),
+    key_broker: KeyBroker = None,
+) -> None:
+    """Measure, verify and boot a release into the sandboxed runtime. If it is refused, boot
+    the last good release instead and exit 3 (0 = the new release runs; 1/2 = nothing runs;
+    4 = the TEE state is missing or of another key: re-provision on purpose).
+    Optionally score a CSV of feature rows."""
+    from sealfl.enclave.device.input_file import read_feature_rows
+
+    outcome = _boot(trust, release_dir, state, key_broker=key_broker)
+    with outcome.device as dev:
+        console.print(f"booted {dev.release.name} v{dev.release.version} ({dev.release.root_digest})")
+        if features_csv:
+            shape = (dev.release.metadata.get("input") or {}).get("shape") or [None, None]
+            try:
+                x = read_feature_rows(features_csv, int(shape[1]) if shape[1] else 13)
+                probs = dev.predict(x).reshape(-1)
+            except SealflError as exc:
+                msg = str(exc)
+                fail(msg if msg.startswith(str(features_csv)) else f"{features_csv}: {msg}")
+            sys.stdout.write("".join(f"{float(p):.4f}\n" for p in probs))
+    raise typer.Exit(outcome.exit_code)
+
+
+@app.command("generate")
+def generate(
+    release_dir: ReleaseDir,
+    trust: TrustDir,
+    state: StateDir,
+    prompt: str = typer.Option(..., "--prompt", "-p", help="The user's message (or raw text with --raw)."),
+    raw: bool = typer.Option(False, help="Continue PROMPT as plain text instead of applying the chat template."),
+    max_tokens: int = typer.Option(128, min=1, max=4096, help="New tokens at most."),
+    temperature: float = typer.Option(0.0, min=0.0, max=5.0, help="0 = greedy."),
+    top_p: float = typer.Option(1.0, min=1e-6, max=1.0, help="Nucleus sampling mass."),
+    seed: int = typer.Option(0, min=0, help="Sampler seed (same seed, same answer)."),
+    stop: Optional[list[str]] = typer.Option(None, "--stop", help="Stop string (repeat, at most 8)."),
+    variant: Variant = None,
+    key_broker: KeyBroker = None,
+) -> None:
+    """Verify and boot a causal-LM release, then answer PROMPT, streaming the text to
+    stdout (token counts and timing on stderr). A refused release falls back to the last
+    good one (exit 3), as 'device boot' does."""
+    from sealfl.enclave.sandbox.decode import SamplingParams
+
+    try:
+        params = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed,
+                                stop=tuple(stop or ()))
+    except ValueError as exc:
+        fail(str(exc))
+    outcome = _boot(trust, release_dir, state, key_broker=key_broker, variant=variant)
+    with outcome.device as dev:
+        if not dev.is_llm:
+            fail(f"release {dev.release.name} is not a causal LM; use 'sealfl device boot --input'")
+
+        def out(piece: str) -> None:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+
+        try:
+            if raw:
+                res = dev.generate(prompt, params, on_text=out)
+            else:
+                res = dev.chat([{"role": "user", "content": prompt}], params, on_text=out)
+        except (ValueError, SealflError) as exc:
+            fail(str(exc))
+        sys.stdout.write("\n")
+        err.print(f"{dev.release.name} v{dev.release.version} ({dev.llm_spec.variant}): {res.prompt_tokens} prompt "
+                  f"tokens, {res.completion_tokens} generated, finish {res.finish_reason}; first token "
+                  f"{res.seconds_to_first_token * 1000:.0f} ms, {res.seconds:.2f} s total")
+    raise typer.Exit(outcome.exit_code)
+
+
+@app.command("serve")
+def serve(
+    release_dir: ReleaseDir,
+    trust: TrustDir,
+    state: StateDir,
+    host: str = typer.Option("127.0.0.1", help="Address to bind (loopback unless you mean otherwise)."),
+    port: int = typer.Option(8000, min=0, max=65535, help="TCP port (0: a free one, see --port-file)."),
+    port_file: Optional[Path] = typer.Option(None, help="Write the bound port here once listening."),
+    max_concurrent: int = typer.Option(1, min=1, max=16, help="Requests generating at once; one sandboxed "
+                                       "child per slot; beyond it: 429 with Retry-After."),
+    max_body_bytes: int = typer.Option(1 << 20, min=1024, max=64 << 20, help="Largest request body (400 "
+                                       "beyond)."),
+    threads: Optional[int] = typer.Option(None, min=1, max=64, help="onnxruntime threads per slot "
+                                          "(default: cores / slots)."),
+    variant: Variant = None,
+    key_broker: KeyBroker = None,
+) -> None:
+    """Verify and boot a causal-LM release as 'device boot' does, then serve it over an
+    OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models) with
+    /health and /metrics. Runs until SIGINT/SIGTERM (exit 130/143). A refused release
+    falls back to the last good one; with none, exit 2 (/health never answered 200);
+    exit 4 when the TEE state needs re-provisioning."""
+    import dataclasses
+
+    from sealfl.enclave.device.kbs_client import broker_key_source
+    from sealfl.enclave.device.policy import EXIT_NOTHING_RUNS, EXIT_TEE_STATE
+    from sealfl.enclave.device.serve.openai_api import DEFAULT_LIMITS
+    from sealfl.enclave.device.serve.server import ServeOptions, run_server
+    from sealfl.enclave.errors import BootError
+
+    opts = ServeOptions(host=host, port=port, max_concurrent=max_concurrent, variant=variant,
+                        port_file=port_file, threads=threads,
+                        limits=dataclasses.replace(DEFAULT_LIMITS, max_body_bytes=max_body_bytes),
+                        key_source=broker_key_source(key_broker) if key_broker else None)
+    try:
+        run_server(trust, release_dir, state, opts, say=_say)
+    except Interrupted as exc:
+        stopped(exc)
+    except BootError as exc:
+        fail(f"nothing is served: {exc}", EXIT_TEE_STATE if exc.reason == "tee-state" else EXIT_NOTHING_RUNS)
+    except (SealflError, OSError) as exc:
+        fail(str(exc))
+
+
+@app.command("provision")
+def provision(
+    state: StateDir,
+    tee: str = typer.Option("sim", "--tee", help="TEE backend: 'tpm' (TPM 2.0; SEALFL_TPM_TCTI selects it, "
+                            "default device:/dev/tpmrm0) or 'sim' (INSECURE simulation)."),
+    force: bool = typer.Option(False, "--force", help="Re-provision a used device on purpose (new AK; the "
+                               "rollback floor is kept)."),
+    export_ak: Optional[Path] = typer.Option(None, "--export-ak", help="Also write the AK public key here."),
+) -> None:
+    """Create the device's attestation key (AK) under the TEE's endorsement hierarchy and
+    its rollback floor; print the AK keyid for the verifier."""
+    from sealfl.enclave.device.provision import provision as provision_tee
+
+    try:
+        t = provision_tee(state, tee, force=force)
+        if export_ak:
+            export_ak.write_bytes(t.public_key())
+    except (SealflError, OSError) as exc:
+        fail(str(exc))
+    console.print(f"provisioned a {tee} TEE in {state / 'tee'}; AK keyid {t.ak_keyid()}"
+                  + (f"; AK public key -> {export_ak}" if export_ak else f"; AK public key {state / 'tee' / 'ak.pem'}"))
+
+
+@app.command("doctor")
+def doctor(
+    state: Optional[Path] = typer.Option(None, "--state", "-s", help="Device state directory (for free disk)."),
+    require_tpm: bool = typer.Option(False, "--require-tpm", help="Exit 1 unless a TPM with a SHA-256 bank "
+                                     "answers."),
+) -> None:
+    """Print the hardware baseline releases depend on: CPU integer-kernel features, memory,
+    free disk, TPM presence and PCR banks, onnxruntime execution providers."""
+    from sealfl.enclave.device.doctor import format_profile, profile
+
+    p = profile(state)
+    for line in format_profile(p):
+        console.print(line)
+    if require_tpm and not p.get("tpm_sha256_bank"):
+        fail("no TPM with a SHA-256 PCR bank answered; set SEALFL_TPM_TCTI or install a TPM")
+
+
+def parse_nonce(value: str) -> bytes:
+    """``--nonce`` hex -> 1..64 bytes; a bad value ends the command with a one-line error."""
+    try:
+        nonce = bytes.fromhex(value)
+    except ValueError:
+        fail(f"--nonce must be hex, got {value[:80]!r}")
+    if not 1 <= len(nonce) <= _MAX_NONCE_BYTES:
+        fail(f"--nonce must be 1..{_MAX_NONCE_BYTES} bytes (2..{2 * _MAX_NONCE_BYTES} hex digits), "
+             f"got {len(nonce)} bytes")
+    return nonce
+
+
+@app.command("attest")
+def attest(
+    state: Path = typer.Option(..., "--state", "-s", help="Device state directory (booted)."),
+    nonce: str = typer.Option(..., "--nonce", help="The verifier's challenge, hex (1..64 bytes)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the evidence here (default: stdout)."),
+) -> None:
+    """Quote the device's PCRs for the verifier's nonce; print the evidence (quote, PCR
+    values, event log) as JSON."""
+    from sealfl.attestation.canonical import canonical_json
+    from sealfl.enclave.device.evidence import attest_device
+
+    try:
+        doc = canonical_json(attest_device(state, parse_nonce(nonce))) + b"\n"
+        if out:
+            out.write_bytes(doc)
+        else:
+            sys.stdout.write(doc.decode())
+    except (SealflError, OSError) as exc:
+        fail(str(exc))
+
+
+@verify_app.command("verify")
+def verify(
+    trust: TrustDir,
+    release_dir: Annotated[Path, typer.Argument(help="Release directory to check.")],
+) -> None:
+    """Check a release (signature, attestation, manifest, every file hash) without loading it.
+    Exit 0 if it verifies; otherwise exit 1 and name the failing file and check."""
+    from sealfl.enclave.device.verify import verify_dir
+
+    try:
+        v = verify_dir(trust, release_dir)
+    except (SealflError, OSError) as exc:
+        fail(str(exc))
+    console.print(f"[green]OK[/] {v.name} v{v.version} root digest {v.root_digest}")

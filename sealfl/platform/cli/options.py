@@ -1,0 +1,27 @@
+"""Options several commands share, defined once (``Annotated`` types for typer).
+
+A command writes ``trust: TrustDir`` instead of repeating the ``typer.Option(...)``; the
+flag names, short forms and help text are the same wherever they appear, and a test checks
+that ``deploy/`` and the README use them as defined here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+__all__ = ["TrustDir", "StateDir", "ReleaseDir", "ConsortiumDir", "RayAddress", "Variant", "KeyBroker"]
+
+TrustDir = Annotated[Path, typer.Option("--trust", "-t", help="Pinned trust anchors directory.")]
+StateDir = Annotated[Path, typer.Option("--state", "-s", help="Device state directory (TEE, slots, last good "
+                                                              "release).")]
+ReleaseDir = Annotated[Path, typer.Option("--release", "-r", help="Release directory to boot.")]
+ConsortiumDir = Annotated[Path, typer.Option("--consortium", "-c", help="Consortium directory.")]
+RayAddress = Annotated[Optional[str], typer.Option("--ray-address", envvar="RAY_ADDRESS",
+                                                   help="Attach to this Ray cluster instead of a local Ray.")]
+Variant = Annotated[Optional[str], typer.Option("--variant", help="Model variant of a causal-LM release (default: "
+                                                                  "its default, int4).")]
+KeyBroker = Annotated[Optional[str], typer.Option("--key-broker", help="Key broker URL for a release encrypted at "
+                                                                       "rest (sealfl kbs serve).")]

@@ -1,0 +1,53 @@
+"""What every command prints with: the consoles, logging set-up, and the two ways a command
+ends early (:func:`fail`, :func:`stopped`)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import NoReturn
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from sealfl.common.errors import Interrupted
+
+__all__ = ["console", "err", "VERBOSE", "setup_logging", "fail", "stopped", "command_group"]
+
+# rich assumes 80 columns when output is not a terminal (CI logs, pipes): too narrow for
+# the demo table and long paths, so use 120 there
+console = Console(width=None if sys.stdout.isatty() else 120)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
+
+VERBOSE = {"on": False}
+
+
+def setup_logging(verbose: bool) -> None:
+    """Our logs at INFO with -v (else WARNING); Flower's and Ray's chatter at WARNING."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    for noisy in ("flwr", "ray", "filelock"):
+        logging.getLogger(noisy).setLevel(logging.WARNING if not verbose else logging.INFO)
+    logging.getLogger("flwr").propagate = False  # Flower installs its own console handler
+    VERBOSE["on"] = verbose
+
+
+def fail(msg: str, code: int = 1) -> NoReturn:
+    """Print ``error: msg`` on stderr and exit ``code``."""
+    err.print(f"[bold red]error:[/] {escape(str(msg))}", soft_wrap=True, highlight=False)
+    raise typer.Exit(code)
+
+
+def stopped(exc: Interrupted) -> NoReturn:
+    """One line for a command a signal stopped, then exit 128 + signal (130 SIGINT, 143 SIGTERM)."""
+    err.print(f"[bold yellow]interrupted:[/] {escape(str(exc))}", soft_wrap=True)
+    raise typer.Exit(exc.exit_code)
+
+
+def command_group(name: str) -> typer.Typer:
+    """A persona's command group (``sealfl <name> ...``) with its one-line help from
+    :data:`sealfl.platform.cli.COMMANDS`; no arguments shows its help."""
+    from sealfl.platform.cli import COMMANDS  # the package's __init__ has run: this is its submodule
+
+    return typer.Typer(name=name, no_args_is_help=True, help=COMMANDS[name][2])

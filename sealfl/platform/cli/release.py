@@ -1,0 +1,48 @@
+"""``sealfl release``: the coordinator builds, gates, signs and attests a release."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from sealfl.common.errors import Interrupted, SealflError
+from sealfl.platform.cli.options import ConsortiumDir, RayAddress
+from sealfl.platform.cli.output import command_group, console, fail, stopped
+from sealfl.platform.supervisor import interruptible
+
+__all__ = ["app"]
+
+app = command_group("release")
+
+
+@app.command("build")
+def build(
+    consortium: ConsortiumDir,
+    campaign: Path = typer.Option(..., "--campaign", help="Finished campaign directory."),
+    out: Path = typer.Option(..., "--out", "-o", help="New release directory."),
+    version: int = typer.Option(..., min=0, max=2**31 - 1, help="Release version (devices refuse older ones)."),
+    max_drop: float = typer.Option(0.01, min=0.0, max=1.0,
+                                   help="Largest allowed INT8 accuracy drop vs fp32 (0.01 = 1 point)."),
+    ray_address: RayAddress = None,
+) -> None:
+    """Decrypt the final model in the release enclave, export ONNX, quantize to INT8, gate
+    on accuracy, and write a signed, attested release."""
+    with interruptible():
+        from sealfl.platform.release import release
+
+        try:
+            with console.status("decrypting in the release enclave; partners score the fp32 and INT8 candidates…"):
+                res = release(consortium, campaign, out, version=version, max_drop=max_drop, ray_address=ray_address)
+        except Interrupted as exc:
+            stopped(exc)
+        except (SealflError, OSError) as exc:
+            fail(str(exc))
+    if "gate" in res.accuracy:  # a causal-LM release: gate figures per variant
+        g = res.accuracy["gate"]
+        console.print(f"release v{version} in {out}: root digest {res.summary['root_digest']}; " + ", ".join(
+            f"{v.upper()} top-1 agreement {d['top1_agreement']:.3f}, perplexity {d['perplexity']:.2f} "
+            f"(fp32 {d['perplexity_fp32']:.2f})" for v, d in g.items()))
+        return
+    console.print(f"release v{version} in {out}: root digest {res.summary['root_digest']}; "
+                  f"fp32 {res.accuracy['fp32']['pooled']:.3f}, INT8 {res.accuracy['int8']['pooled']:.3f}")

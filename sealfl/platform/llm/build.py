@@ -1,0 +1,162 @@
+"""Build a causal-LM release inside the release enclave: merge -> ONNX -> INT4/INT8 ->
+gate -> canary -> signed, attested release directory.
+
+Release payload (flat directory; every file goes through the manifest, the DSSE
+signature and the attestation like any release file):
+
+============================  ===================================================
+``model.int4.onnx``           default variant (:mod:`.quantize` ``int4``)
+``model.int8.onnx``           INT8 variant
+``tokenizer.json``            the base model's tokenizer (``tokenizers`` JSON)
+``chat_template.jinja``       the base model's chat template
+``generation_config.json``    BOS/EOS/pad ids, head size, context limit, special tokens
+============================  ===================================================
+
+Signed metadata: ``runtime`` (``onnx-causal-lm/v1``, what devices dispatch on),
+``task`` (``causal-lm``), ``variants`` (file, size, quantisation scheme, gate figures and
+thresholds, canary), ``default_variant``, ``files`` (roles), ``model`` (dimensions),
+``base_model`` (name, SHA-256, licence), ``adapters`` (LoRA settings), ``corpus``
+(source, licence) and whatever the caller adds (campaign facts).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from sealfl.clients.causal_lm.base import LMBundle
+from sealfl.clients.causal_lm.corpus import LICENCE, SOURCE
+from sealfl.clients.causal_lm.lora import LoraSpec
+from sealfl.clients.causal_lm.merge import merge_adapters
+from sealfl.enclave.device.llm_boot import LLM_RUNTIME
+from sealfl.platform.errors import ReleaseError
+from sealfl.platform.llm.canary import build_llm_canary
+from sealfl.platform.llm.export import export_fp32
+from sealfl.platform.llm.gate import THRESHOLDS, GateCounts, candidate_scores, check_gate, compare, reference_scores
+from sealfl.platform.llm.quantize import SCHEMES, QuantizeError, quantize_llm
+
+__all__ = ["VARIANTS", "LLMBuild", "build_candidates", "score_candidates", "llm_release_files"]
+
+log = logging.getLogger(__name__)
+
+VARIANTS = ("int4", "int8")
+DEFAULT_VARIANT = "int4"
+MAX_CONTEXT = 2048
+
+
+@dataclass
+class LLMBuild:
+    """The candidates of one release build.
+
+    Attributes:
+        merged: the float32 merged model (torch) -- the gate's reference.
+        variants: ``{"int4": bytes, "int8": bytes}``.
+        generation: the generation settings written to ``generation_config.json``.
+        head_dim: attention head size.
+        seconds: ``{"merge", "export", "quantize"}`` wall times.
+    """
+
+    merged: object
+    variants: dict
+    generation: dict
+    head_dim: int
+    seconds: dict
+
+
+def _special_tokens(bundle: LMBundle) -> dict:
+    """``bos_token``/``eos_token``/``pad_token`` strings, which transformers passes to chat
+    templates (``apply_chat_template`` renders with the tokenizer's special tokens)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(bundle.tokenizer_json.decode("utf-8"))
+    g = bundle.generation
+    out = {}
+    for key, tid in (("bos_token", g["bos_token_id"]), ("eos_token", g["eos_token_ids"][0]),
+                     ("pad_token", g["pad_token_id"])):
+        s = tok.id_to_token(int(tid))
+        if s is not None:
+            out[key] = s
+    return out
+
+
+def build_candidates(bundle: LMBundle, spec: LoraSpec, adapters: np.ndarray) -> LLMBuild:
+    """Merge ``adapters`` into ``bundle``'s model (in place), export and quantise.
+
+    Raises:
+        AdapterError: the adapter vector does not fit.
+        ExportError / ReleaseError: the export or the quantisation failed.
+    """
+    t = {}
+    t0 = time.perf_counter()
+    merged = merge_adapters(bundle.model, spec, adapters)
+    t["merge"] = time.perf_counter() - t0
+    cfg = merged.config
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+    gen = {**bundle.generation, "head_dim": head_dim,
+           "max_context": int(min(MAX_CONTEXT, getattr(cfg, "max_position_embeddings", MAX_CONTEXT))),
+           "special_tokens": _special_tokens(bundle)}
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="sealfl-export-") as work:
+        proto = export_fp32(merged, bundle.tokenizer_json, bundle.chat_template, bundle.generation, work)
+    t["export"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    adapted = tuple(spec.targets) + (("qkv_proj",) if {"q_proj", "k_proj", "v_proj"} & set(spec.targets) else ())
+    try:
+        variants = {v: quantize_llm(proto, v, eight_bit=adapted) for v in VARIANTS}
+    except QuantizeError as exc:
+        raise ReleaseError(f"cannot quantise the merged model: {exc}") from exc
+    t["quantize"] = time.perf_counter() - t0
+    del proto
+    return LLMBuild(merged, variants, gen, head_dim, t)
+
+
+def score_candidates(build: LLMBuild, blocks: np.ndarray, prefill: int | None = None) -> dict[str, GateCounts]:
+    """Gate counts of every variant on held-out blocks (int64 (n, L)); ``prefill`` defaults
+    to half a block (the rest is decoded token by token, as on a device)."""
+    blocks = np.asarray(blocks)
+    if blocks.ndim != 2 or blocks.shape[0] < 1:
+        raise ReleaseError(f"the gate needs held-out blocks (n >= 1, L), got shape {blocks.shape}")
+    p = prefill or max(1, blocks.shape[1] // 2)
+    ref = reference_scores(build.merged, blocks)
+    return {v: compare(ref, candidate_scores(b, blocks, build.head_dim, p)) for v, b in build.variants.items()}
+
+
+def llm_release_files(build: LLMBuild, bundle: LMBundle, spec: LoraSpec, gate_counts: dict[str, GateCounts],
+                      extra_metadata: dict | None = None, thresholds: dict = THRESHOLDS) -> tuple[dict, dict]:
+    """Gate the candidates, build their canaries and assemble ``(payload, metadata)`` for
+    :meth:`sealfl.enclave.release.enclave.ReleaseEnclave.write_release`.
+
+    Raises:
+        ReleaseError: a variant fails the gate (nothing is written).
+    """
+    report = check_gate(gate_counts, thresholds)
+    cfg = build.merged.config
+    payload = {f"model.{v}.onnx": b for v, b in build.variants.items()}
+    payload["tokenizer.json"] = bundle.tokenizer_json
+    payload["chat_template.jinja"] = bundle.chat_template.encode("utf-8")
+    payload["generation_config.json"] = json.dumps(build.generation, sort_keys=True, indent=1).encode("utf-8")
+    variants = {}
+    for v, b in build.variants.items():
+        canary = build_llm_canary(b, bundle.tokenizer_json, bundle.chat_template, build.generation, build.head_dim)
+        variants[v] = {"file": f"model.{v}.onnx", "bytes": len(b), "quantization": dict(SCHEMES[v]),
+                       "gate": report[v], "canary": canary}
+    metadata = {
+        "runtime": LLM_RUNTIME, "task": "causal-lm", "model_file": f"model.{DEFAULT_VARIANT}.onnx",
+        "default_variant": DEFAULT_VARIANT, "variants": variants,
+        "files": {"tokenizer": "tokenizer.json", "chat_template": "chat_template.jinja",
+                  "generation_config": "generation_config.json"},
+        "model": {"architecture": "llama", "layers": int(cfg.num_hidden_layers), "hidden": int(cfg.hidden_size),
+                  "heads": int(cfg.num_attention_heads), "kv_heads": int(cfg.num_key_value_heads),
+                  "head_dim": build.head_dim, "vocab": int(cfg.vocab_size), "tied_embeddings": True},
+        "base_model": dict(bundle.source), "adapters": {"method": "LoRA", **spec.to_dict()},
+        "corpus": {"source": SOURCE, "licence": LICENCE},
+        "gate": {"reference": "float32 merged model (torch)", "thresholds": thresholds,
+                 "held_out_positions": next(iter(gate_counts.values())).positions},
+    }
+    metadata.update(extra_metadata or {})
+    return payload, metadata

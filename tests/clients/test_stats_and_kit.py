@@ -1,0 +1,119 @@
+"""Global scaling from encrypted per-partner sums equals pooled statistics; kits unwrap
+only with their own key."""
+
+import numpy as np
+import pytest
+
+from sealfl.clients.errors import KitError
+from sealfl.clients.heart.data import load_partitions
+from sealfl.clients.heart.stats import local_sums, mean_std
+from sealfl.clients.kit import kit_dir, load_kit
+from sealfl.he import codecs
+from sealfl.he.framed import WIDE
+from sealfl.platform.consortium import create_consortium
+from sealfl.platform.errors import ConsortiumError
+from sealfl.server.aggregate import sum_chunks, validate_frames
+
+
+@pytest.mark.parametrize("he", sorted(codecs.HE_SCHEMES))
+def test_encrypted_scaling_equals_pooled_numpy(he):
+    parts = load_partitions()
+    secret = codecs.generate(codecs.params_for(he))
+    public = codecs.from_bytes(secret.public_context_bytes(), secret.params, secret.context_id)
+    frames = {p.name: secret.encrypt(local_sums(p.x_train), WIDE) for p in parts}
+    agg = sum_chunks(public, validate_frames(public, frames, 27, WIDE), 27, layout=WIDE)
+    mean, std = mean_std(secret.decrypt(agg, 27, WIDE))
+    pooled = np.concatenate([p.x_train for p in parts]).astype(np.float64)
+    # BFV: each partner's sums are rounded to 2^-12 (the wide layout): |error of a sum| <= 4 * 2^-13;
+    # CKKS: the decryption noise of 4 sums, ~1e-8, is below that
+    n = len(pooled)
+    np.testing.assert_allclose(mean, pooled.mean(axis=0), rtol=0, atol=4 * 2.0**-13 / n)
+    np.testing.assert_allclose(std, pooled.std(axis=0), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("he", sorted(codecs.HE_SCHEMES))
+def test_kits_unwrap_with_own_key_only(tmp_path, he):
+    cons, codec = create_consortium(tmp_path / "c", "t", ["Cleveland", "Hungary"], params=codecs.params_for(he))
+    assert cons.he_params.to_dict()["scheme"] == he.upper()
+    kit = load_kit(str(kit_dir(cons.dir, "Cleveland")))
+    assert kit.codec.has_secret_key and kit.partner == "Cleveland" and type(kit.codec) is type(codec)
+    blob = codec.encrypt(np.array([1.5, -2.0]))
+    # BFV decrypts exactly (values on its 2^-23 grid); CKKS within its noise
+    np.testing.assert_allclose(kit.codec.decrypt(blob), [1.5, -2.0], rtol=0, atol=0 if he == "bfv" else 1e-6)
+    # swap B's wrapped secret into A's kit: A's key cannot unwrap it
+    a, b = kit_dir(cons.dir, "Cleveland"), kit_dir(cons.dir, "Hungary")
+    (a / "he_secret.wrapped").write_bytes((b / "he_secret.wrapped").read_bytes())
+    with pytest.raises(KitError, match="unwrap"):
+        load_kit(str(a) + "/")  # a new cache key
+    assert (a / "partner_key.pem").stat().st_mode & 0o077 == 0
+    with pytest.raises(ConsortiumError):
+        create_consortium(tmp_path / "c", "t", ["Cleveland", "Hungary"])
+    with pytest.raises(ConsortiumError, match="unknown task"):
+        create_consortium(tmp_path / "d", "t", ["A", "B"], task="other")
+
+
+def test_consortium_refuses_colliding_or_unknown_partners(tmp_path):
+    with pytest.raises(ConsortiumError, match="distinct directory names"):
+        create_consortium(tmp_path / "a", "t", ["Foo Bar", "foo-bar"], task="other")
+    with pytest.raises(ConsortiumError, match="FLamby hospitals"):
+        create_consortium(tmp_path / "b", "t", ["Cleveland", "Bob"])
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "notes.txt").write_text("x")
+    with pytest.raises(ConsortiumError, match="not an empty directory"):
+        create_consortium(tmp_path / "c", "t", ["Cleveland", "Hungary"])
+
+
+def test_kit_files_mixed_between_partners_are_refused(tmp_path):
+    cons, _ = create_consortium(tmp_path / "c", "t", ["Cleveland", "Hungary"])
+    a, b = kit_dir(cons.dir, "Cleveland"), kit_dir(cons.dir, "Hungary")
+    (a / "kit.json").write_text((b / "kit.json").read_text())
+    with pytest.raises(KitError, match="mixed up"):
+        load_kit(str(a))
+
+
+def test_a_sealfl_0_1_consortium_is_read_with_its_old_names(tmp_path):
+    """0.1 wrote "ckks" for the HE parameters, aggregator/public.ckks and ckks_secret.wrapped
+    (wrapped under the label b"ckks-secret-context"): read for one release."""
+    import json
+
+    from sealfl.clients.kit import HE_SECRET_FILE
+    from sealfl.he.kit_wrap import unwrap, wrap
+    from sealfl.platform.consortium import Consortium
+
+    cons, codec = create_consortium(tmp_path / "c", "t", ["Cleveland", "Hungary"], params=codecs.params_for("bfv"))
+    d = cons.dir
+    (d / "aggregator" / "public.he").rename(d / "aggregator" / "public.ckks")
+    meta = json.loads((d / "consortium.json").read_text())
+    meta["ckks"] = meta.pop("he")
+    (d / "consortium.json").write_text(json.dumps(meta))
+    kd = kit_dir(d, "Hungary")
+    from Crypto.PublicKey import ECC
+
+    key = ECC.import_key((kd / "partner_key.pem").read_bytes())
+    secret = unwrap((kd / HE_SECRET_FILE).read_bytes(), key, b"he-secret-context")
+    (kd / HE_SECRET_FILE).unlink()
+    (kd / "ckks_secret.wrapped").write_bytes(wrap(secret, key.public_key(), b"ckks-secret-context"))
+    kit_meta = json.loads((kd / "kit.json").read_text())
+    kit_meta["ckks"] = kit_meta.pop("he")
+    (kd / "kit.json").write_text(json.dumps(kit_meta))
+
+    old = Consortium.load(d)
+    assert old.he_params == cons.he_params and old.public_context.name == "public.ckks"
+    kit = load_kit(str(kd))
+    np.testing.assert_array_equal(kit.codec.decrypt(codec.encrypt(np.array([0.5, -1.0]))), [0.5, -1.0])
+
+
+@pytest.mark.parametrize("content, words", [
+    (b"", "not strict JSON"),
+    (b"[]", "must be an object"),
+    (b'{"name": "t"}', "'partners' is missing"),
+    (b'{"name": "t", "partners": ["A", 3], "he": {}, "context_id": "00", "task": "heart"}', r"'partners\[1\]' must be a string, got integer 3"),
+    (b'{"name": "t", "partners": ["A"], "he": [], "context_id": "00", "task": "heart"}', "'he' must be an object"),
+    (b'{"name": 1e999}', "'name' must be a string, got number inf"),
+])
+def test_a_damaged_consortium_file_is_refused_by_field(tmp_path, content, words):
+    from sealfl.platform.consortium import Consortium
+
+    (tmp_path / "consortium.json").write_bytes(content)
+    with pytest.raises(ConsortiumError, match=words):
+        Consortium.load(tmp_path)

@@ -1,0 +1,270 @@
+"""Release pipeline -> `sealfl verify` (the real CLI, in a subprocess) -> device boot.
+
+The campaign is replaced by a checkpoint encrypted under the consortium's HE context
+(no Ray needed): the release enclave must decrypt it to the same parameters.
+"""
+
+import base64
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from sealfl.attestation.bundle import build_attestation
+from sealfl.attestation.dsse import sign_envelope
+from sealfl.attestation.keys import generate_key
+from sealfl.clients.heart.data import HOSPITALS, load_partitions
+from sealfl.clients.heart.stats import local_sums
+from sealfl.clients.heart.task import HeartTask, TrainConfig
+from sealfl.enclave.device.boot import boot
+from sealfl.enclave.release.enclave import ReleaseEnclave
+from sealfl.he.decrypted import update_share
+from sealfl.he.framed import WIDE
+from sealfl.platform import release as release_mod
+from sealfl.platform.consortium import create_consortium
+from sealfl.platform.errors import ReleaseError
+from sealfl.platform.release import MODEL_FILE, check_gate, enclave_dir, provision_release_enclave, release, trust_dir
+from sealfl.server.bookkeeping import CampaignDir, save_checkpoint
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rel")
+    cons, codec = create_consortium(root / "c", "heart", list(HOSPITALS))
+    provision_release_enclave(cons, codec.secret_context_bytes())
+    parts = load_partitions()
+    x = np.concatenate([p.x_train for p in parts])
+    y = np.concatenate([p.y_train for p in parts])
+    task = HeartTask()
+    params, _ = task.train(task.init_params(), x, y, x.mean(0), x.std(0), TrainConfig(local_epochs=10), 0)
+    weights = np.array([p.n_train for p in parts], dtype=np.float64)
+    # as the aggregator would hold it when every partner trained to the same w: E(Σ n_i w) under
+    # CKKS ("count" weighting), E(Σ (n_i / N) w) under BFV ("share"): what update_share of all rows gives
+    total = int(weights.sum())
+    model_ct = codec.encrypt(update_share(params, total, total, codec.WEIGHTING))
+    stats_ct = codec.encrypt(sum(local_sums(p.x_train) for p in parts), WIDE)
+    save_checkpoint(root / "camp", 3, model_ct, float(weights.sum()), stats_ct)
+    # as the aggregator leaves it (with the total of rows the partners declared in the statistics round)
+    CampaignDir(root / "camp", 3).set_status(status="finished", round=3, stats_declared_n=int(weights.sum()))
+    res = release(cons.dir, root / "camp", root / "release", version=2)
+    return {"root": root, "cons": cons, "params": params, "res": res, "x": x}
+
+
+def _verify(trust, rel):
+    return subprocess.run([sys.executable, "-m", "sealfl.platform.cli", "verify", "--trust", str(trust), str(rel)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_release_decrypts_to_the_trained_model(built):
+    np.testing.assert_allclose(built["res"].params, built["params"], atol=1e-6)
+    acc = built["res"].accuracy
+    assert acc["int8"]["pooled"] >= acc["fp32"]["pooled"] - 0.01
+    assert acc["fp32"]["n"] == sum(len(p.y_test) for p in load_partitions())
+
+
+def test_verify_accepts_the_untouched_release(built):
+    r = _verify(trust_dir(built["cons"]), built["root"] / "release")
+    assert r.returncode == 0, r.stderr
+    assert built["res"].summary["root_digest"] in r.stdout
+
+
+def _copy(built, tmp_path):
+    d = tmp_path / "release"
+    shutil.copytree(built["root"] / "release", d)
+    return d
+
+
+def _flip_onnx(d, built):
+    p = d / MODEL_FILE
+    b = bytearray(p.read_bytes())
+    b[len(b) // 2] ^= 0x01
+    p.write_bytes(bytes(b))
+
+
+def _edit_manifest(d, built):
+    m = json.loads((d / "manifest.json").read_text())
+    m["version"] = m["version"] + 1
+    (d / "manifest.json").write_text(json.dumps(m))
+
+
+def _other_signer(d, built):
+    env = json.loads((d / "manifest.dsse.json").read_text())
+    payload = base64.b64decode(env["payload"])
+    (d / "manifest.dsse.json").write_text(json.dumps(sign_envelope(payload, env["payloadType"], generate_key())))
+
+
+def _other_measurement(d, built):
+    # the same enclave (same attestation key) after running other code: PCR 16 differs; the
+    # quote is a genuine release attestation over this release's signed statement
+    enclave = ReleaseEnclave.open(enclave_dir(built["cons"]))
+    enclave.tee.extend(16, b"\x42" * 32)
+    statement = base64.b64decode(json.loads((d / "manifest.dsse.json").read_text())["payload"])
+    quote = enclave.tee.quote("release", hashlib.sha256(statement).digest(), [16])
+    (d / "attestation.json").write_text(json.dumps(build_attestation(quote)))
+
+
+def _missing(d, built):
+    (d / MODEL_FILE).unlink()
+
+
+def _extra(d, built):
+    (d / "notes.txt").write_text("not in the manifest")
+
+
+@pytest.mark.parametrize("tamper, file, check", [
+    (_flip_onnx, MODEL_FILE, "hash"),
+    (_edit_manifest, "manifest.json", "manifest"),
+    (_other_signer, "manifest.dsse.json", "signature"),
+    (_other_measurement, "attestation.json", "attestation"),
+    (_missing, MODEL_FILE, "missing-file"),
+    (_extra, "notes.txt", "extra-file"),
+])
+def test_verify_refuses_tampering(built, tmp_path, tamper, file, check):
+    d = _copy(built, tmp_path)
+    tamper(d, built)
+    r = _verify(trust_dir(built["cons"]), d)
+    assert r.returncode != 0
+    msg = " ".join(r.stderr.split())
+    assert file in msg and check in msg, msg
+
+
+def test_device_outputs_equal_direct_onnxruntime(built, tmp_path):
+    int8 = (built["root"] / "release" / MODEL_FILE).read_bytes()
+    x = np.concatenate([p.x_test for p in load_partitions()]).astype(np.float32)
+    direct = ort.InferenceSession(int8, providers=["CPUExecutionProvider"]).run(None, {"features": x})[0]
+    with boot(trust_dir(built["cons"]), built["root"] / "release", tmp_path / "dev") as dev:
+        on_device = dev.predict(x)
+        assert dev.release.version == 2
+    np.testing.assert_array_equal(np.asarray(on_device), direct)
+
+
+@pytest.mark.parametrize("fp32, int8, allowed", [(0.80, 0.80, True), (0.80, 0.795, True), (0.80, 0.81, True),
+                                                    (0.80, 0.789, False), (0.80, 0.70, False)])
+def test_gate_allows_at_most_one_point(fp32, int8, allowed):
+    if allowed:
+        check_gate(fp32, int8, 0.01)
+    else:
+        with pytest.raises(ReleaseError, match="not releasing"):
+            check_gate(fp32, int8, 0.01)
+
+
+def test_refused_gate_writes_nothing(built, tmp_path, monkeypatch):
+    def worse_int8(cons, candidates, **kw):  # stands in for the partners' federated evaluation
+        return {"fp32": {"pooled": 0.80}, "int8": {"pooled": 0.70}}
+
+    monkeypatch.setattr(release_mod, "federated_evaluate", worse_int8)
+    with pytest.raises(ReleaseError, match="not releasing"):
+        release(built["cons"].dir, built["root"] / "camp", tmp_path / "r2", version=3)
+    assert not (tmp_path / "r2").exists()
+
+
+def test_release_refuses_unfinished_or_stale_campaigns(built, tmp_path):
+    camp = tmp_path / "camp"
+    shutil.copytree(built["root"] / "camp", camp)
+    CampaignDir(camp, 3).set_status(status="failed", round=2, error="boom")
+    with pytest.raises(ReleaseError, match="not finished"):
+        release(built["cons"].dir, camp, tmp_path / "r", version=3)
+    import subprocess
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid whose process has exited: the campaign's owner was killed
+    CampaignDir(camp, 3).set_status(status="running", round=2, error=None, owner={"pid": gone.pid})
+    with pytest.raises(ReleaseError, match=r"is 'dead', not finished.*--overwrite"):  # as 'campaign status' says
+        release(built["cons"].dir, camp, tmp_path / "r", version=3)
+    CampaignDir(camp, 5).set_status(status="finished", round=5)  # checkpoint says round 3
+    with pytest.raises(ReleaseError, match="stale"):
+        release(built["cons"].dir, camp, tmp_path / "r", version=3)
+    with pytest.raises(ReleaseError, match="not a campaign"):
+        release(built["cons"].dir, tmp_path / "nothing", tmp_path / "r", version=3)
+    assert not (tmp_path / "r").exists()
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "sealfl.platform.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_device_boot_cli_keeps_last_good_and_exits_3(built, tmp_path):
+    trust, good, state = trust_dir(built["cons"]), built["root"] / "release", tmp_path / "state"
+    part = load_partitions()[0]
+    rows = tmp_path / "rows.csv"
+    rows.write_text("\ufeffage,sex,trestbps,chol,fbs,thalch,exang,oldpeak,cp1,cp2,cp3,r1,r2\n"  # with a BOM
+                    + "\n".join(",".join(f"{v:g}" for v in r) for r in part.x_test[:5]), encoding="utf-8")
+    r = _cli("device", "boot", "-t", trust, "-r", good, "-s", state, "--input", rows)
+    assert r.returncode == 0, r.stderr
+    got = [float(v) for v in r.stdout.split()[-5:]]
+    want = ort.InferenceSession((good / MODEL_FILE).read_bytes()).run(None, {"features": part.x_test[:5]})[0]
+    np.testing.assert_allclose(got, want.reshape(-1), atol=5e-5)
+
+    bad = _copy(built, tmp_path)
+    _flip_onnx(bad, built)
+    r = _cli("device", "boot", "-t", trust, "-r", bad, "-s", state)
+    assert r.returncode == 3
+    assert "kept the last good release v2" in " ".join(r.stderr.split())
+    last_good = json.loads((state / "state.json").read_text())["last_good"]
+    assert last_good["root_digest"] == built["res"].summary["root_digest"]
+
+
+@pytest.mark.parametrize("content, words", [
+    ("1,2,3\n", "3 columns"),
+    (",".join(["1"] * 12 + ["nan"]) + "\n", "NaN"),
+    (",".join(f"c{i}" for i in range(13)) + "\n" + ",".join(["1"] * 13) + "\nx," + ",".join(["1"] * 12) + "\n",
+     "non-numeric"),
+    ("63,1,14S," + ",".join(["1"] * 10) + "\n" + ",".join(["1"] * 13) + "\n", "non-numeric"),  # typo, not a header
+    ("age,sex\n" + ",".join(["1"] * 13) + "\n", "header has 2 columns"),
+    (",".join(["1"] * 12 + ["1e39"]) + "\n", "float32"),
+    ("", "no data rows"),
+    # the hardening issue's example: another patient's implausible chol is refused by name
+    ("63,1,145,233,1,150,0,2.3,0,0,1,0,0\n63,1,145,100000,1,150,0,2.3,0,0,1,0,0\n", "row 2, column 'chol'"),
+])
+def test_device_boot_cli_rejects_bad_input_rows(built, tmp_path, content, words):
+    f = tmp_path / "in.csv"
+    f.write_text(content)
+    r = _cli("device", "boot", "-t", trust_dir(built["cons"]), "-r", built["root"] / "release",
+             "-s", tmp_path / "s", "--input", f)
+    assert r.returncode == 1
+    assert words in " ".join(r.stderr.split()) and "Traceback" not in r.stderr
+
+
+def test_kind_gate_scores_candidates_the_way_the_device_runs_them(built, tmp_path):
+    """A partner's score of the INT8 candidate comes from the same sandboxed runtime a
+    device boots: identical outputs on the same rows, and a model that does not load is
+    the sandbox's error, not the partner process's."""
+    from sealfl.clients.heart.onnx_eval import evaluate_onnx, onnx_predict
+    from sealfl.enclave.errors import RuntimeSandboxError
+
+    int8 = (built["root"] / "release" / MODEL_FILE).read_bytes()
+    part = load_partitions()[1]
+    partner_view = onnx_predict(int8, part.x_test)
+    with boot(trust_dir(built["cons"]), built["root"] / "release", tmp_path / "dev") as dev:
+        device_view = np.asarray(dev.predict(part.x_test)).reshape(-1)
+    np.testing.assert_array_equal(partner_view, device_view)
+    r = evaluate_onnx(part.name, int8)
+    assert r["n"] == len(part.y_test) and r["correct"] == int(np.sum((device_view >= 0.5) == (part.y_test >= 0.5)))
+    with pytest.raises(RuntimeSandboxError, match="could not load the model"):
+        onnx_predict(b"not an onnx model", part.x_test)
+
+
+def test_release_states_its_quantisation_canary_and_input_ranges(built):
+    from sealfl.clients.heart.data import FEATURE_SPEC
+
+    meta = json.loads((built["root"] / "release" / "manifest.json").read_text())["metadata"]
+    assert meta["quantization"]["name"] == "sealfl.int8-per-row/v1"
+    assert meta["input"]["features"] == [dict(f) for f in FEATURE_SPEC]
+    canary = meta["canary"]
+    assert canary["tolerance"] == 1e-4 and len(canary["inputs"]) == len(canary["expected"]) >= 8
+    # the canary's expected outputs are what onnxruntime computes on this CPU, within tolerance
+    int8 = (built["root"] / "release" / MODEL_FILE).read_bytes()
+    got = ort.InferenceSession(int8).run(None, {"features": np.asarray(canary["inputs"], np.float32)})[0]
+    np.testing.assert_allclose(got, np.asarray(canary["expected"]), rtol=0, atol=canary["tolerance"])
+
+
+def test_release_versions_must_increase(built, tmp_path):
+    with pytest.raises(ReleaseError, match="use --version 3"):
+        release(built["cons"].dir, built["root"] / "camp", tmp_path / "again", version=2)
+    assert not (tmp_path / "again").exists()

@@ -1,0 +1,226 @@
+"""StreamingGrid / ReplyStream: a round's replies reach the aggregator while later ones are
+still outstanding, with Flower's end conditions (all answered, or the timeout).
+
+The grid here is a real subclass of flwr's ``Grid`` ABC whose replies become available on
+a script (the i-th pull releases what the script says), so each test knows exactly what a
+pull can return; the real InMemoryGrid path runs in every Ray campaign test."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from sealfl.server.errors import ReplyStreamError
+from sealfl.server.strategy import aggregate_timing
+from sealfl.server.streaming import DEFAULT_PULL_INTERVAL_S, StreamingGrid
+from tests.support.fakegrid import StubGrid
+
+
+def _reply(msg_id: str, tag: str):
+    return SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=msg_id), tag=tag)
+
+
+class ScriptedGrid(StubGrid):
+    """``release[k]``: the message ids whose replies become available at the k-th pull
+    (counted from 0); each reply is returned once, as flwr's grids delete what they return."""
+
+    def __init__(self, release: dict[int, list[str]], pull_interval: float | None = None):
+        self.release = release
+        self.pulls = 0
+        self.events: list[str] = []
+        self.pushed: list = []
+        self._ready: dict[str, object] = {}
+        if pull_interval is not None:
+            self.pull_interval = pull_interval
+
+    def get_node_ids(self):
+        return [1, 2, 3]
+
+    def send_and_receive(self, messages, *, timeout=None):  # pragma: no cover - the wrapper must not call it
+        raise AssertionError("StreamingGrid called the wrapped send_and_receive")
+
+    def push_messages(self, messages):
+        self.pushed = list(messages)
+        self.events.append("push")
+        return [m for m in self.pushed]
+
+    def pull_messages(self, message_ids):
+        wanted = set(message_ids)
+        for mid in self.release.get(self.pulls, []):
+            self._ready[mid] = _reply(mid, f"reply-{mid}")
+        self.events.append(f"pull{self.pulls}")
+        self.pulls += 1
+        out = [self._ready.pop(m) for m in list(self._ready) if m in wanted]
+        return out
+
+
+def test_kind_each_reply_reaches_the_consumer_before_later_ones_exist():
+    grid = ScriptedGrid({0: ["a"], 2: ["b"], 4: ["c"]}, pull_interval=0.001)
+    stream = StreamingGrid(grid).send_and_receive(["a", "b", "c"], timeout=10)
+    assert grid.events == ["push"]  # pushed at once, nothing pulled before iteration
+    for reply in stream:
+        grid.events.append(f"got {reply.tag}")
+    assert grid.events == ["push", "pull0", "got reply-a", "pull1", "pull2", "got reply-b", "pull3", "pull4",
+                           "got reply-c"]  # and no pull after the last reply
+    assert stream.received == 3 and not stream.pending
+
+
+def test_kind_the_stream_ends_at_the_timeout_with_what_came():
+    grid = ScriptedGrid({0: ["a"]}, pull_interval=0.01)
+    t0 = time.monotonic()
+    stream = StreamingGrid(grid).send_and_receive(["a", "b"], timeout=0.3)
+    got = [r.tag for r in stream]
+    took = time.monotonic() - t0
+    assert got == ["reply-a"] and stream.pending == {"b"}
+    assert 0.3 <= took < 5.0
+    # pulled at most once per interval: 0.3 s / 0.01 s, plus the first pull
+    assert grid.pulls <= 0.3 / 0.01 + 2
+
+
+def test_kind_waits_are_counted_apart_from_the_consumers_time():
+    grid = ScriptedGrid({0: ["a"], 5: ["b"]}, pull_interval=0.02)
+    stream = StreamingGrid(grid).send_and_receive(["a", "b"], timeout=10)
+    t0 = time.perf_counter()
+    for _ in stream:
+        time.sleep(0.2)  # the consumer's own work
+    total = time.perf_counter() - t0
+    # 5 pulls after the first: at least ~4 intervals waited; the consumer's 0.4 s is not a wait
+    assert stream.waited_s >= 4 * 0.02 * 0.5
+    assert stream.waited_s <= total - 0.4 + 0.01
+    # ... and a pull follows the consumer's time without a further full interval
+    assert stream.last_arrival is not None and stream.last_arrival > t0
+    timing = aggregate_timing(stream, t0)
+    assert timing["aggregate_seconds"] == pytest.approx(total - stream.waited_s, abs=0.05)
+    assert timing["aggregate_after_last_reply_seconds"] >= 0.2 - 0.01  # the consumer's work on the last reply
+
+
+def test_kind_a_list_of_replies_counts_all_its_time_as_aggregation():
+    t0 = time.perf_counter()
+    time.sleep(0.05)
+    timing = aggregate_timing([_reply("a", "x")], t0)
+    assert timing["aggregate_seconds"] >= 0.05 and timing["aggregate_after_last_reply_seconds"] >= 0.05
+
+
+def test_kind_a_stream_is_iterated_once():
+    grid = ScriptedGrid({0: ["a"]}, pull_interval=0.001)
+    stream = StreamingGrid(grid).send_and_receive(["a"], timeout=1)
+    list(stream)
+    with pytest.raises(ReplyStreamError, match="only once"):
+        iter(stream)
+
+
+def test_kind_pull_cadence_follows_the_wrapped_grid():
+    assert StreamingGrid(ScriptedGrid({}, pull_interval=0.25)).interval_s == 0.25
+    assert StreamingGrid(ScriptedGrid({})).interval_s == DEFAULT_PULL_INTERVAL_S == 3.0  # flwr's deployment grids
+    assert StreamingGrid(ScriptedGrid({}), interval_s=0.5).interval_s == 0.5
+
+
+def test_everything_but_send_and_receive_is_the_wrapped_grids():
+    inner = ScriptedGrid({}, pull_interval=0.5)
+    g = StreamingGrid(inner)
+    assert g.get_node_ids() == [1, 2, 3] and g.pull_interval == 0.5 and g.inner is inner
+
+
+class SlowConsumerGrid(ScriptedGrid):
+    """Replies become available at fixed times after the push (seconds), whatever the pulls."""
+
+    def __init__(self, at: dict[str, float], pull_interval: float):
+        super().__init__({}, pull_interval)
+        self.at = at
+        self.done: set[str] = set()
+
+    def push_messages(self, messages):
+        self.t_push = time.monotonic()
+        return super().push_messages(messages)
+
+    def pull_messages(self, message_ids):
+        now = time.monotonic() - self.t_push
+        for mid, t in self.at.items():
+            if t <= now and mid not in self._ready and mid not in self.done:
+                self._ready[mid] = _reply(mid, f"reply-{mid}")
+        self.pulls += 1
+        out = [self._ready.pop(m) for m in list(self._ready) if m in set(message_ids)]
+        self.done.update(r.metadata.reply_to_message_id for r in out)
+        return out
+
+
+def test_kind_replies_that_came_in_time_are_taken_though_the_consumer_was_busy_past_the_deadline():
+    """Flower's send_and_receive keeps pulling until the deadline; the stream's consumer may be
+    busy across it. Replies that reached the grid before the deadline are still returned."""
+    grid = SlowConsumerGrid({"a": 0.0, "b": 0.1, "c": 0.2}, pull_interval=0.02)
+    stream = StreamingGrid(grid).send_and_receive(["a", "b", "c"], timeout=0.5)
+    got = []
+    for r in stream:
+        got.append(r.tag)
+        if r.tag == "reply-a":
+            time.sleep(0.7)  # past the deadline; b and c arrived meanwhile
+    assert sorted(got) == ["reply-a", "reply-b", "reply-c"] and not stream.pending
+
+
+def test_kind_a_partner_that_never_answers_is_not_counted_as_aggregation():
+    grid = ScriptedGrid({0: ["a", "b"]}, pull_interval=0.01)
+    t0 = time.perf_counter()
+    stream = StreamingGrid(grid).send_and_receive(["a", "b", "never"], timeout=0.3)
+    for _ in stream:
+        time.sleep(0.02)
+    timing = aggregate_timing(stream, t0)
+    assert stream.pending == {"never"} and stream.waited_after_last_s >= 0.2
+    # the consumer spent ~0.04 s; the 0.3 s timeout is waiting, not aggregation
+    assert timing["aggregate_seconds"] < 0.15 and timing["aggregate_after_last_reply_seconds"] < 0.15
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), -1.0, "5"])
+def test_kind_a_timeout_that_is_not_a_finite_number_of_seconds_is_refused(timeout):
+    grid = ScriptedGrid({}, pull_interval=0.01)
+    with pytest.raises(ValueError, match="timeout"):
+        StreamingGrid(grid).send_and_receive(["a"], timeout=timeout)
+    assert grid.events == []  # refused before anything was pushed
+
+
+def test_kind_a_wrapper_can_be_copied():
+    import copy
+    import pickle
+
+    g = StreamingGrid(ScriptedGrid({}, pull_interval=0.5))
+    assert copy.copy(g).interval_s == 0.5 and copy.deepcopy(g).get_node_ids() == [1, 2, 3]
+    assert pickle.loads(pickle.dumps(g)).interval_s == 0.5
+
+
+class SlowPullGrid(ScriptedGrid):
+    """Each pull takes ``pull_s`` seconds (a deployment grid downloading replies); records
+    when each pull starts and ends."""
+
+    def __init__(self, pull_s: float, pull_interval: float):
+        super().__init__({}, pull_interval)
+        self.pull_s, self.spans = pull_s, []
+
+    def pull_messages(self, message_ids):
+        t0 = time.monotonic()
+        time.sleep(self.pull_s)
+        self.spans.append((t0, time.monotonic()))
+        return super().pull_messages(message_ids)
+
+
+def test_kind_a_slow_pull_is_still_followed_by_a_full_interval():
+    grid = SlowPullGrid(pull_s=0.06, pull_interval=0.05)
+    list(StreamingGrid(grid).send_and_receive(["never"], timeout=0.5))
+    gaps = [b[0] - a[1] for a, b in zip(grid.spans, grid.spans[1:-1])]  # the last pull may come at the deadline
+    assert gaps and min(gaps) >= 0.05 * 0.9
+
+
+def test_kind_the_stream_does_not_sleep_past_the_deadline():
+    grid = ScriptedGrid({}, pull_interval=3.0)  # flwr's deployment cadence
+    t0 = time.monotonic()
+    stream = StreamingGrid(grid).send_and_receive(["never"], timeout=0.2)
+    assert list(stream) == [] and stream.pending == {"never"}
+    assert time.monotonic() - t0 < 2.0  # not the 3 s interval
+    assert grid.pulls == 2  # the first pull and the last one at the deadline
+
+
+def test_numpy_numbers_are_timeouts_too():
+    import numpy as np
+
+    for t in (np.int64(1), np.float32(0.5), np.float64(0.5)):
+        list(StreamingGrid(ScriptedGrid({0: ["a"]}, pull_interval=0.01)).send_and_receive(["a"], timeout=t))

@@ -1,0 +1,218 @@
+"""Whole campaigns (the real ServerApp body, the real partner handlers, real flwr
+Messages) on the in-process grid of tests/support/fakegrid.py, with fault-injecting partners:
+each bad reply is refused with the partner's name and the reason, recorded in
+rounds.jsonl, and the round completes with the others; nothing good is lost.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+from sealfl.clients.heart.data import HOSPITALS, N_FEATURES, load_partitions
+from sealfl.clients.heart.task import HeartTask
+from sealfl.he.decrypted import open_model, share_to_sum
+from sealfl.platform.consortium import create_consortium
+from sealfl.platform.partner_keys import partner_public_keys
+from sealfl.server.app import ServerConfig, run_server
+from sealfl.server.bookkeeping import CampaignDir, load_checkpoint
+from sealfl.server.errors import NotEnoughPartnersError
+from tests.support.fakegrid import FakeGrid
+
+N_TRAIN = {p.name: p.n_train for p in load_partitions()}
+N_TEST = {p.name: len(p.y_test) for p in load_partitions()}
+C, H, S, V = HOSPITALS
+
+
+@pytest.fixture(scope="module")
+def consortium(tmp_path_factory):
+    cons, codec = create_consortium(tmp_path_factory.mktemp("cons") / "c", "heart", list(HOSPITALS))
+    return cons, codec
+
+
+def _cfg(cons, out, rounds=1, min_partners=3, timeout_s=30.0, signed=True) -> ServerConfig:
+    task = HeartTask()
+    return ServerConfig(
+        campaign_dir=str(out), public_context=str(cons.public_context), context_id=cons.context_id,
+        he=cons.he_params.to_dict(), num_partners=len(cons.partners), min_partners=min_partners, num_rounds=rounds,
+        n_params=task.n_params, stats_length=1 + 2 * N_FEATURES, initial_params=task.init_params().tolist(),
+        train={"local-epochs": 1, "lr": 0.05, "batch-size": 16, "seed": 0}, timeout_s=timeout_s,
+        partners=list(cons.partners), partner_keys=partner_public_keys(cons) if signed else {})
+
+
+def _run(consortium, tmp_path, faults=None, *, rounds=1, min_partners=3, timeout_s=30.0, signed=True, grid=None,
+         pad_bytes=64 << 20):
+    cons, _ = consortium
+    grid = grid or FakeGrid(str(cons.dir), len(cons.partners), faults, pad_bytes=pad_bytes)
+    out = tmp_path / "camp"
+    pulls = grid.pulls
+    run_server(grid, _cfg(cons, out, rounds, min_partners, timeout_s, signed))
+    assert grid.pulls > pulls  # the replies came through sealfl.server.streaming's ReplyStream
+    return CampaignDir(out, rounds).rounds(), json.loads((out / "status.json").read_text()), out
+
+
+def _model(consortium, out):
+    _, codec = consortium
+    ck = load_checkpoint(out)
+    declared = json.loads((out / "status.json").read_text())["stats_declared_n"]
+    return open_model(share_to_sum(codec.decrypt(ck["model_ct"], 14), declared, codec.WEIGHTING), ck["model_weight"],
+                      HeartTask.decrypt_bounds, max_total=declared), ck
+
+
+def _assert_round_went_on(rec, consortium, out, accepted):
+    assert rec["accepted"] == sorted(accepted)
+    assert rec["total_weight"] == sum(N_TRAIN[p] for p in accepted)
+    params, ck = _model(consortium, out)
+    assert np.all(np.isfinite(params)) and ck["model_weight"] == rec["total_weight"]
+    assert 0.0 <= rec["pooled_test_accuracy"] <= 1.0
+
+
+def test_kind_non_finite_or_non_integer_examples_are_refused(consortium, tmp_path, server_identity):
+    (rec,), status, out = _run(consortium, tmp_path, {1: "nan-examples"})
+    assert status["status"] == "finished"
+    assert list(rec["rejected"]) == [H]
+    assert "num-examples" in rec["rejected"][H] and "integer" in rec["rejected"][H]
+    _assert_round_went_on(rec, consortium, out, [C, S, V])
+
+
+def test_kind_examples_must_equal_the_statistics_round_count(consortium, tmp_path, server_identity):
+    (rec,), _, out = _run(consortium, tmp_path, {2: "undeclared-examples"})
+    assert list(rec["rejected"]) == [S]
+    assert f"{N_TRAIN[S] + 100} differs from the {N_TRAIN[S]} rows" in rec["rejected"][S]
+    _assert_round_went_on(rec, consortium, out, [C, H, V])
+
+
+def test_kind_unaddable_ciphertext_names_the_partner_and_the_round_goes_on(consortium, tmp_path, server_identity):
+    (rec,), _, out = _run(consortium, tmp_path, {1: "scale-2^30"})
+    assert list(rec["rejected"]) == [H]
+    # the default codec, CKKS, checks the scale before the trial addition (a BFV campaign's SEAL
+    # refuses such a ciphertext when it loads it: "not a ciphertext of this BFV context", test_bfv.py)
+    assert "chunk 0 cannot be added to this campaign's ciphertexts: scale 2^30.00, expected 2^40" in rec["rejected"][H]
+    _assert_round_went_on(rec, consortium, out, [C, S, V])
+
+
+def test_kind_oversized_reply_is_refused_before_parsing(consortium, tmp_path, server_identity):
+    (rec,), _, out = _run(consortium, tmp_path, {3: "padded-chunk"})
+    assert list(rec["rejected"]) == [V]
+    assert "exceed the bound" in rec["rejected"][V] and "before parsing" in rec["rejected"][V]
+    _assert_round_went_on(rec, consortium, out, [C, H, S])
+
+
+def test_kind_padding_within_the_bound_is_refused_as_non_canonical(consortium, tmp_path, server_identity):
+    (rec,), _, out = _run(consortium, tmp_path, {3: "padded-chunk"}, pad_bytes=100)
+    assert "not in canonical form" in rec["rejected"][V]
+    _assert_round_went_on(rec, consortium, out, [C, H, S])
+
+
+def test_kind_signed_impostor_cannot_take_a_partners_place(consortium, tmp_path, server_identity):
+    # partner 2 (Switzerland) claims to be Cleveland in every reply, signed with its own key
+    (rec,), status, out = _run(consortium, tmp_path, {2: "impostor"})
+    assert rec["stats_partners"] == [C, H, V]
+    (who, why), = rec["stats_rejected"].items()
+    assert who.startswith(f"{C}?") and "signature" in why and C in why
+    _assert_round_went_on(rec, consortium, out, [C, H, V])  # Cleveland counted once, from its own node
+
+
+def test_kind_unsigned_claims_are_bound_to_the_first_node(consortium, tmp_path, server_identity):
+    cons, _ = consortium
+    from tests.support import faults_partner
+
+    grid = FakeGrid(str(cons.dir), 4)
+
+    def impostor_in_training(msg, ctx):  # honest in the statistics round, then claims Cleveland
+        out = faults_partner.reply(msg, ctx, str(cons.dir))
+        if ctx.node_config["partition-id"] == 2 and msg.metadata.message_type == "train":
+            from flwr.app import ConfigRecord
+
+            out.content["partner"] = ConfigRecord({"name": C})
+        return out
+
+    grid.handler = impostor_in_training
+    (rec,), _, out = _run(consortium, tmp_path, signed=False, grid=grid)
+    (who, why), = rec["rejected"].items()
+    assert who == S
+    assert f"node {grid.node_ids[2]} is partner '{S}' but claims '{C}' (node {grid.node_ids[0]})" in why
+    _assert_round_went_on(rec, consortium, out, [C, H, V])
+
+
+def test_kind_superlink_error_replies_are_named_by_the_node_they_concern(consortium, tmp_path, server_identity):
+    cons, _ = consortium
+    grid = FakeGrid(str(cons.dir), 4)
+
+    def second_round_unreachable(g, kind):
+        if kind == "train" and any(m.metadata.message_type == "evaluate" for m in g.sent):
+            g.unreachable.add(g.node_ids[1])
+
+    grid.on_round = second_round_unreachable
+    recs, status, out = _run(consortium, tmp_path, rounds=2, grid=grid)
+    assert status["status"] == "finished"
+    assert "node-1" not in json.dumps(recs)
+    why = recs[1]["rejected"][H]
+    assert "reported by the SuperLink" in why and "Node Unavailable" in why
+    _assert_round_went_on(recs[1], consortium, out, [C, S, V])
+
+
+def test_kind_partner_leaving_between_rounds_does_not_hang_the_campaign(consortium, tmp_path, server_identity):
+    cons, _ = consortium
+    grid = FakeGrid(str(cons.dir), 4)
+
+    def leave_after_round_1(g, kind):
+        if kind == "evaluate":
+            g.connected.discard(g.node_ids[3])
+
+    grid.after_round = leave_after_round_1
+    recs, status, out = _run(consortium, tmp_path, rounds=2, grid=grid)
+    assert status["status"] == "finished"
+    assert "not connected" in recs[1]["rejected"][V]
+    _assert_round_went_on(recs[1], consortium, out, [C, H, S])
+
+
+def test_kind_too_few_partners_fail_the_round_and_keep_the_last_good_checkpoint(consortium, tmp_path,
+                                                                                server_identity):
+    cons, _ = consortium
+    grid = FakeGrid(str(cons.dir), 4, {0: "scale-2^30"})
+    saved = {}
+
+    def second_round_goes_bad(g, kind):
+        if kind == "train" and any(m.metadata.message_type == "evaluate" for m in g.sent):
+            saved["ckpt"] = (tmp_path / "camp" / "checkpoint" / "global.npz").read_bytes()
+            g.faults[1] = "nan-examples"  # with partner 0's bad ciphertext: 2 of 4 valid, min_partners=3
+
+    grid.on_round = second_round_goes_bad
+    with pytest.raises(NotEnoughPartnersError, match="min_partners=3") as err:
+        _run(consortium, tmp_path, rounds=2, grid=grid)
+    assert f"{C}: update.update_ct" in str(err.value) and f"{H}: metrics.num-examples" in str(err.value)
+    status = json.loads((tmp_path / "camp" / "status.json").read_text())
+    assert status["status"] == "failed" and status["round"] == 1
+    assert (tmp_path / "camp" / "checkpoint" / "global.npz").read_bytes() == saved["ckpt"]
+
+
+def test_kind_impossible_evaluate_counts_are_refused(consortium, tmp_path, server_identity):
+    (rec,), _, out = _run(consortium, tmp_path, {1: "correct-above-n"})
+    assert list(rec["eval_rejected"]) == [H]
+    assert "metrics.correct: must be in 0..100, got 500" in rec["eval_rejected"][H]
+    per = rec["per_partner"]
+    assert sorted(per) == [C, S, V] and all(per[p]["n"] == N_TEST[p] for p in per)
+    assert rec["pooled_test_accuracy"] == sum(v["correct"] for v in per.values()) / sum(v["n"] for v in per.values())
+
+
+def test_kind_statistics_count_lie_is_caught_by_the_key_holders(consortium, tmp_path, server_identity):
+    # the aggregator cannot see inside E([n, Σx, Σx²]); every partner decrypts the sum,
+    # finds 100 rows more declared than encrypted, and refuses to train on it
+    with pytest.raises(NotEnoughPartnersError) as err:
+        _run(consortium, tmp_path, {1: "stats-count-lie"})
+    assert "differs from the" in str(err.value) and "encrypted another count than it declared" in str(err.value)
+    assert not (tmp_path / "camp" / "checkpoint" / "global.npz").exists()
+
+
+def test_kind_evaluate_n_must_stay_the_same_across_rounds(consortium, tmp_path, server_identity):
+    cons, _ = consortium
+    grid = FakeGrid(str(cons.dir), 4)
+
+    def second_round_lies(g, kind):
+        if kind == "evaluate" and sum(m.metadata.message_type == "evaluate" for m in g.sent) >= 4:
+            g.faults[2] = "correct-above-n"  # n = 100 instead of the 15 it reported in round 1
+
+    grid.on_round = second_round_lies
+    recs, _, _ = _run(consortium, tmp_path, rounds=2, grid=grid)
+    assert f"100 test rows, but this partner reported {N_TEST[S]} before" in recs[1]["eval_rejected"][S]
