@@ -192,7 +192,7 @@ def _write_train(out, train):
     ({"server-opt": None}, "must be a string"),
     ({"server-opt": "fedadam", "server-lr": [0.1]}, "must be a number"),
     ({"server-opt": "fedadam", "server-beta-1": 0.5}, "unknown server optimizer settings"),
-    ([1, 2], "has no 'train' object"),
+    ([1, 2], "field 'train' must be an object, got array"),
 ])
 def test_the_release_reads_every_optimizer_setting_as_written(train, what, tmp_path):
     from sealfl.he.errors import ServerOptError
