@@ -1,8 +1,8 @@
 """Benchmark: bytes on the wire and throughput of sealfl's codecs vs NVFlare's CKKS defaults.
 
 P1 = ciphertext bytes per parameter / 4 (expansion over fp32) of one partner's update,
-for ``sealfl.he.bfv`` (``--he bfv``: N=4096, [32,32,40], t 54-bit, two 27-bit values
-per slot; ``P1.sealfl``), for sealfl's default ``sealfl.he.ckks`` (NVFlare's
+for the default ``sealfl.he.bfv`` (N=4096, [32,32,40], t 54-bit, two 27-bit values
+per slot; ``P1.sealfl``), for ``sealfl.he.ckks`` (``--he ckks``, NVFlare's
 parameters in sealfl's frames; ``P1.sealfl_ckks``) and for CKKS with NVFlare's defaults
 as NVFlare sends them (N=8192, [60,40,40], scale 2^40: 4096 values per ciphertext,
 TenSEAL serialisation),

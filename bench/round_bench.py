@@ -1,8 +1,8 @@
 """Benchmark: encrypted vs plaintext FedAvg rounds, same task, data and run (P2, P3, P6).
 
-For each configuration consortia are created in one temporary directory: with the packed
-BFV codec (``--he bfv``, ``sealfl.he.bfv``), with the default CKKS codec
-(``sealfl.he.ckks``; heart-4 and lora-8 only, to keep ``make bench`` under 20 min) and
+For each configuration consortia are created in one temporary directory: with the default
+packed BFV codec (``sealfl.he.bfv``), with the CKKS option (``--he ckks``,
+``sealfl.he.ckks``; heart-4 and lora-8 only, to keep ``make bench`` under 20 min) and
 with the benchmark-only plaintext baseline (``sealfl.he.plain``: the same ClientApp
 and ServerApp, shares as float64 in clear; this script opts in for its own child
 processes only). All run the same campaign (Flower simulation on a local Ray, every

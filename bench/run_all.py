@@ -26,8 +26,8 @@ RESULTS = HERE / "results"
 KEYS = ["P1.sealfl", "P1.nvflare_default", "P2.heart", "P2.lora", "P3.encrypted", "P3.plaintext",
         "P4.boot_seconds_100mb", "P4.hash_fraction_of_openssl", "P6.ratio_4", "P6.ratio_64", "P6.ratio_256",
         "throughput.encrypt_params_per_s", "throughput.aggregate_params_per_s", "throughput.decrypt_params_per_s",
-        # the issue's figures are those of the packed BFV codec (``--he bfv``); the same for
-        # the default CKKS codec (ARCHITECTURE.md) where measured
+        # the headline figures are those of the default packed BFV codec (ARCHITECTURE.md); the
+        # same for the CKKS option (``--he ckks``) where measured
         "P1.sealfl_ckks", "P2.heart_ckks", "P2.lora_ckks", "P3.encrypted_ckks", "P6.ratio_4_ckks",
         # the least P2.lora could be with free partner-side encryption, and what to expect with
         # the partners' measured crypto CPU time spread perfectly over every core (bench/round_bench.py)

@@ -1,6 +1,6 @@
-"""Packed BFV codec for add-only encrypted FedAvg (TenSEAL / Microsoft SEAL): the
-consortium option ``--he bfv`` (issue 9). CKKS (:mod:`sealfl.he.ckks`) stays the
-default, as ARCHITECTURE.md fixes it.
+"""Packed BFV codec for add-only encrypted FedAvg (TenSEAL / Microsoft SEAL): sealfl's
+default codec (ARCHITECTURE.md; ``--he bfv``). CKKS (:mod:`sealfl.he.ckks`, NVIDIA FLARE's
+parameters) stays available as ``--he ckks``.
 
 What BFV gains over CKKS here: weighted FedAvg under HE needs additions only (partners pre-scale
 by their weight), so the ring can be as small as security allows and the plaintext

@@ -1,5 +1,6 @@
-"""CKKS codec for encrypted weighted FedAvg (TenSEAL / Microsoft SEAL) -- sealfl's default
-(ARCHITECTURE.md: every partner's update travels as CKKS ciphertext).
+"""CKKS codec for encrypted weighted FedAvg (TenSEAL / Microsoft SEAL): the consortium
+option ``--he ckks`` with NVIDIA FLARE's parameters, beside the default packed BFV
+(:mod:`sealfl.he.bfv`, ARCHITECTURE.md).
 
 A vector is split into chunks of ``slots`` values (``poly_modulus_degree / 2``, one
 CKKS ciphertext each), encrypted with the secret key and sent **seeded**

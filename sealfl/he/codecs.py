@@ -1,7 +1,7 @@
-"""Which codec a consortium's parameters name: CKKS (:mod:`sealfl.he.ckks`, the
-default, as ARCHITECTURE.md fixes it), packed BFV (:mod:`sealfl.he.bfv`, the
-``--he bfv`` option: ~14x fewer bytes on the wire, exact sums; issue 9), or the
-benchmark-only plaintext baseline (:mod:`sealfl.he.plain`, refused unless the process
+"""Which codec a consortium's parameters name: packed BFV (:mod:`sealfl.he.bfv`, the
+default, as ARCHITECTURE.md fixes it: ~1.05x the fp32 bytes at LoRA size, exact sums,
+decryptions that leak nothing about the key), CKKS (:mod:`sealfl.he.ckks`, the ``--he ckks``
+option, NVIDIA FLARE's parameters), or the benchmark-only plaintext baseline (:mod:`sealfl.he.plain`, refused unless the process
 opted in). Partners, aggregator, key holders and consortium set-up load codecs through
 here; the release enclave's key holder refuses the plaintext baseline."""
 
@@ -15,12 +15,14 @@ from sealfl.he.errors import CiphertextError
 from sealfl.he.plain import SCHEME as PLAIN_SCHEME
 from sealfl.he.plain import PlainCodec, PlainParams
 
-__all__ = ["HE_SCHEMES", "Params", "Codec", "params_from_dict", "params_for", "generate", "from_bytes"]
+__all__ = ["HE_SCHEMES", "DEFAULT_HE", "Params", "Codec", "params_from_dict", "params_for", "generate", "from_bytes"]
 
 Params = Union[CKKSParams, BFVParams, PlainParams]
 Codec = Union[CKKSCodec, BFVCodec, PlainCodec]
 #: the ``--he`` choices of ``sealfl consortium create`` -> default parameters
-HE_SCHEMES = {"ckks": CKKSParams, "bfv": BFVParams}
+HE_SCHEMES = {"bfv": BFVParams, "ckks": CKKSParams}
+#: the ``--he`` choice of a consortium created without one
+DEFAULT_HE = "bfv"
 _BY_SCHEME = {"CKKS": (CKKSParams, CKKSCodec), "BFV": (BFVParams, BFVCodec), PLAIN_SCHEME: (PlainParams, PlainCodec)}
 
 
@@ -37,7 +39,7 @@ def params_from_dict(d) -> Params:
 
 
 def params_for(name: str) -> Params:
-    """Default parameters for a ``--he`` choice (``ckks`` or ``bfv``). Raises CiphertextError."""
+    """Default parameters for a ``--he`` choice (``bfv`` or ``ckks``). Raises CiphertextError."""
     try:
         return HE_SCHEMES[str(name).strip().lower()]()
     except KeyError:
@@ -52,8 +54,9 @@ def _codec_class(params):
 
 
 def generate(params: Params | None = None) -> Codec:
-    """Key ceremony for ``params`` (default: CKKS with its defaults)."""
-    return _codec_class(params or CKKSParams()).generate(params or CKKSParams())
+    """Key ceremony for ``params`` (default: packed BFV with its defaults, :data:`DEFAULT_HE`)."""
+    params = params or HE_SCHEMES[DEFAULT_HE]()
+    return _codec_class(params).generate(params)
 
 
 def from_bytes(context_bytes: bytes, params: Params, ctx_id: bytes) -> Codec:

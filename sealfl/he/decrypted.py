@@ -1,12 +1,12 @@
 """What a key holder may do with a decryption before anything of it leaves: bound it
 and round it (pure NumPy; no TenSEAL).
 
-The default codec is CKKS (:mod:`sealfl.he.ckks`): partners encrypt ``n_i w_i`` and
-its decryptions carry noise, hence the rounding below. With the packed BFV option
-(:mod:`sealfl.he.bfv`) decryptions are exact; partners encrypt their share
-``(n_i / N) w_i`` and key holders multiply the decrypted sum by N (:func:`update_share`,
-:func:`share_to_sum`, the codec's ``WEIGHTING``); the rounding costs nothing there and
-keeps every published value on the same grid.
+With the default packed BFV codec (:mod:`sealfl.he.bfv`) decryptions are exact: partners
+encrypt their share ``(n_i / N) w_i`` and key holders multiply the decrypted sum by N
+(:func:`update_share`, :func:`share_to_sum`, the codec's ``WEIGHTING``); the rounding below
+costs nothing there and keeps every published value on the same grid. With the CKKS option
+(:mod:`sealfl.he.ckks`) partners encrypt ``n_i w_i`` and decryptions carry noise, hence the
+rounding.
 
 Why round (CKKS): a CKKS decryption is the plaintext plus noise that depends on the secret key
 and the encryption randomness. Publishing decryptions at full precision lets an observer

@@ -119,7 +119,7 @@ def create_consortium(d: str | Path, name: str, partners: list[str], *, params: 
                       task: str = "heart") -> tuple[Consortium, codecs.Codec]:
     """Run the key ceremony and write the consortium directory.
 
-    ``params`` picks the HE scheme (:mod:`sealfl.he.codecs`; default CKKS).
+    ``params`` picks the HE scheme (:mod:`sealfl.he.codecs`; default packed BFV).
     Returns the loaded :class:`Consortium` and the SECRET codec (so the caller can seal it
     into the release enclave; drop it afterwards).
     Raises ConsortiumError if ``d`` is not empty, partner names collide (also after

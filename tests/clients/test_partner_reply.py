@@ -72,7 +72,7 @@ def test_train_reply_holds_ciphertext_only(tmp_path, monkeypatch):
         total += w * n
         n_total += n
     agg = sum_frames(codec, frames, 14)
-    # the default codec, CKKS, carries Σ n_i w_i (its noise ~1e-8); BFV Σ (n_i / N) w_i, exact up to
-    # its 2^-23 grid (4 partners: error <= 4 * 2^-24), times N
-    assert codec.WEIGHTING == "count"
-    np.testing.assert_allclose(codec.decrypt(agg, 14) / n_total, total / n_total, atol=1e-9)
+    # the default codec, packed BFV, carries Σ (n_i / N) w_i, exact up to its 2^-23 grid (4 partners:
+    # error <= 4 * 2^-24); CKKS would carry Σ n_i w_i (its noise ~1e-8)
+    assert codec.WEIGHTING == "share" and n_total == N_TOTAL
+    np.testing.assert_allclose(codec.decrypt(agg, 14), total / n_total, rtol=0, atol=4 * 2.0**-24)

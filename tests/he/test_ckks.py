@@ -1,4 +1,4 @@
-"""CKKS codec (the default): weighted FedAvg under encryption equals plaintext FedAvg;
+"""CKKS codec (the `--he ckks` option): weighted FedAvg under encryption equals plaintext FedAvg;
 the aggregator cannot decrypt; bad frames are refused (issue 5's rules, on the framing
 shared with the BFV codec)."""
 

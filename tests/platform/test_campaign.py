@@ -46,16 +46,17 @@ def test_two_round_campaign_improves_over_round0(consortium, tmp_path):
     assert run_processes("-", res.status["worker"]["pid"]) == []
 
 
-def test_kind_a_bfv_consortium_trains_the_same_model_as_the_ckks_one(consortium, tmp_path):
-    """``--he bfv`` runs the same Flower apps with the packed BFV codec (partners send
-    shares, key holders scale by N): after 2 rounds the pooled accuracy equals the CKKS
-    campaign's to within one test row (both compute weighted FedAvg; they differ only by
-    CKKS noise ~1e-8 and BFV's 2^-23 grid)."""
+def test_kind_a_ckks_consortium_trains_the_same_model_as_the_default_bfv_one(consortium, tmp_path):
+    """``--he ckks`` runs the same Flower apps with the CKKS codec (partners send ``n_i w_i``,
+    the default packed BFV sends shares and key holders scale by N): after 2 rounds the pooled
+    accuracy equals the BFV campaign's to within one test row (both compute weighted FedAvg;
+    they differ only by CKKS noise ~1e-8 and BFV's 2^-23 grid)."""
     from sealfl.he.codecs import params_for
 
-    bfv, _ = create_consortium(tmp_path / "bfv", "heart", list(HOSPITALS), params=params_for("bfv"))
-    assert bfv.he_params.to_dict()["scheme"] == "BFV" and consortium.he_params.to_dict()["scheme"] == "CKKS"
-    a = run_campaign(CampaignSpec(str(consortium.dir), str(tmp_path / "ckks-camp"), rounds=2))
+    ckks, _ = create_consortium(tmp_path / "ckks", "heart", list(HOSPITALS), params=params_for("ckks"))
+    bfv = consortium  # created without --he: the default codec
+    assert bfv.he_params.to_dict()["scheme"] == "BFV" and ckks.he_params.to_dict()["scheme"] == "CKKS"
+    a = run_campaign(CampaignSpec(str(ckks.dir), str(tmp_path / "ckks-camp"), rounds=2))
     b = run_campaign(CampaignSpec(str(bfv.dir), str(tmp_path / "bfv-camp"), rounds=2))
     assert b.status["status"] == "finished" and b.status["server_has_secret_key"] is False
     assert all(r["accepted"] == sorted(HOSPITALS) for r in b.rounds)

@@ -24,9 +24,10 @@ def create(
                                                      "for (heart: the 4 FLamby hospitals; causal-lm: the 4 manuals)."),
     task: str = typer.Option("heart", help="What the consortium trains: 'heart' (logistic regression on "
                                           "Fed-Heart-Disease) or 'causal-lm' (LoRA of SmolLM2-135M on the Python docs)."),
-    he: str = typer.Option("ckks", help="Homomorphic encryption of the updates: 'ckks' (default; NVFlare's "
-                                        "parameters, ~7x the fp32 bytes on the wire) or 'bfv' (packed BFV: ~1.05x, "
-                                        "exact sums, parameters clipped to ±8; README 'Encrypted aggregation')."),
+    he: str = typer.Option("bfv", help="Homomorphic encryption of the updates: 'bfv' (default; packed BFV: "
+                                       "~1.05x the fp32 bytes, exact sums, parameters clipped to ±8) or 'ckks' "
+                                       "(NVIDIA FLARE's parameters, ~7x the fp32 bytes); README 'Encrypted "
+                                       "aggregation'."),
 ) -> None:
     """Run the HE key ceremony, write one startup kit per partner, provision the release
     enclave (HE secret sealed in it) and export the device trust anchors."""
