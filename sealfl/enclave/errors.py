@@ -14,6 +14,7 @@ __all__ = [
     "TEEError",
     "TEEStateError",
     "UnsealError",
+    "TPMError",
     "BootError",
     "RuntimeSandboxError",
     "ReleaseWriteError",
@@ -38,6 +39,27 @@ class TEEError(EnclaveError):
 
 class TEEStateError(TEEError):
     """A TEE state directory is missing, incomplete, has unsafe permissions or already exists."""
+
+
+class TPMError(TEEError):
+    """A tpm2-tools command failed on the TPM; the message says what the response code means
+    and what the operator does (:mod:`sealfl.enclave.tee.tpm_rc`).
+
+    Attributes:
+        command: the tpm2-tools command (``"tpm2_quote"``).
+        rc: the decoded :class:`~sealfl.enclave.tee.tpm_rc.TpmRc`, or None when the tool
+            printed no response code.
+    """
+
+    def __init__(self, message: str, *, command: str = "", rc=None) -> None:
+        super().__init__(message)
+        self.command = command
+        self.rc = rc
+
+    @property
+    def kind(self) -> str:
+        """The response code's kind (``"resources"``, ``"policy"``, ...; ``"other"`` without one)."""
+        return self.rc.kind if self.rc is not None else "other"
 
 
 class UnsealError(TEEError):

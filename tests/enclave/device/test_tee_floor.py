@@ -65,10 +65,10 @@ def test_kind_tee_floor_of_another_ak_refuses_boot(backend, trust_dir, enclave, 
     provision(state, backend)
     v3 = _release(enclave, tmp_path, 3)
     boot(trust_dir, v3, state).close()
-    provision(other, backend)
+    provision(other, backend, force=True)  # on tpm: taking the TPM's AK over, on purpose
     if backend == "sim":  # a sealed record from another device's TEE cannot be unsealed here
         shutil.copy(other / "tee" / "floor.seal", state / "tee" / "floor.seal")
-    # on tpm, provisioning `other` on the same TPM replaced the AK: state's tee/ is foreign now
+    # on tpm, provisioning `other` on the same TPM (--force) replaced the AK: state's tee/ is foreign now
     with pytest.raises(BootError) as info:
         boot(trust_dir, v3, state)
     assert info.value.reason == "tee-state" and "re-provision" in str(info.value)

@@ -132,7 +132,11 @@ def test_kind_state_dir_reused_or_missing_is_refused(backend, tmp_path):
 def test_kind_tpm_reprovision_keeps_floor_and_old_state_is_refused(swtpm, tmp_path):
     tee = create_tee("tpm", tmp_path / "a")
     tee.write_floor(tee.read_floor().raised(5, "ab" * 32))
-    new = create_tee("tpm", tmp_path / "b")  # wiping tee/ and provisioning again
+    with pytest.raises(TEEStateError, match="another device state.*--force"):
+        create_tee("tpm", tmp_path / "b")  # another state would take the TPM's AK over
+    assert not (tmp_path / "b").exists()
+    load_tee("tpm", tmp_path / "a")  # untouched
+    new = create_tee("tpm", tmp_path / "b", replace=True)  # wiping tee/ and provisioning again, on purpose
     assert new.ak_keyid() != tee.ak_keyid()
     assert new.read_floor() == FloorRecord(new.ak_keyid(), 5, "ab" * 32)
     with pytest.raises(TEEStateError, match="another key"):
