@@ -72,6 +72,10 @@ def test_kind_tpm_quote_json_agrees_with_signed_attest(swtpm, tmp_path):
     quote = tee.quote("challenge", nonce, [16, 23])
     info = parse_quote_attest(base64.b64decode(quote["attest"]))
     assert info.extra_data == qualifying_data("challenge", nonce)
+    from Crypto.Util.asn1 import DerSequence
+
+    s = int(DerSequence().decode(base64.b64decode(quote["signature"]))[1])
+    assert s <= 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551 // 2  # stored in its low-S form
     assert info.selection == {0x000B: frozenset({16, 23})}
     assert info.pcr_digest == hashlib.sha256(bytes.fromhex(quote["pcrs"]["16"]) + _ext(ZERO, M1)).digest()
     for field, value in (("nonce", "00" * 32), ("pcr_digest", "11" * 32), ("pcrs", {"23": _ext(ZERO, M1).hex()})):
