@@ -5,7 +5,8 @@ Routes:
 
 * ``GET /health`` -- 503 ``{"status": "loading" | "refused" | "stopping", ...}`` until a
   verified model serves, then 200 ``{"status": "ok", "release": {name, version,
-  root_digest, variant, statement_digest}}``;
+  root_digest, variant, statement_digest}, "tee": {backend, insecure, ak_keyid}, "slots",
+  "queue"}`` (``tee.insecure`` is true on the ``sim`` simulation);
 * ``GET /metrics`` -- Prometheus text format (:mod:`sealfl.enclave.device.serve.metrics`);
 * ``GET /v1/models`` -- the one verified release;
 * ``GET /attestation?nonce=HEX`` -- the device's evidence for the verifier's nonce (1..64
@@ -19,7 +20,8 @@ Routes:
 A generation request: body read up to the cap (400 beyond, without reading more) ->
 checked (:mod:`sealfl.enclave.device.serve.openai_api`, 400 naming the parameter) -> model id (404) ->
 prompt rendered with the release's chat template and tokenized, context checked (400) ->
-a free slot or 429 with ``Retry-After`` (never queued) -> generation on a worker thread
+a free slot, else a place in the bounded queue (:class:`SlotQueue`: ``--queue`` places, at
+most ``--queue-timeout`` s, first come first served), else 429 with ``Retry-After`` -> generation on a worker thread
 whose text pieces reach the client as they are decoded (a piece never ends inside a
 UTF-8 character or a possible stop string: :func:`~sealfl.enclave.sandbox.llm_runtime.emit_limit`).
 A client that disconnects (stream or not) sets the request's cancel event; the runtime's
@@ -29,6 +31,7 @@ callback then stops the child's generation at the next token and the slot is fre
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import os
@@ -55,7 +58,7 @@ from sealfl.enclave.device.serve.state import ServeState, Slot
 from sealfl.enclave.errors import RuntimeSandboxError
 from sealfl.enclave.sandbox.decode import SamplingParams
 
-__all__ = ["create_app", "RETRY_AFTER_S"]
+__all__ = ["create_app", "RETRY_AFTER_S", "SlotQueue"]
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +143,79 @@ class _Job:
         return res
 
 
+class SlotQueue:
+    """Requests waiting for a generation slot, first come first served (runs on the event
+    loop; :attr:`ServeState.on_slot_free` wakes it from the worker threads).
+
+    At most ``state.queue_size`` wait, each at most ``state.queue_timeout_s`` seconds, as
+    llama.cpp's server and vLLM queue requests beyond their running batch; beyond that the
+    caller answers 429. A client that disconnects while waiting leaves the queue.
+    """
+
+    def __init__(self, state: ServeState, loop: asyncio.AbstractEventLoop) -> None:
+        self.state, self.loop = state, loop
+        self._waiting: collections.deque[asyncio.Future] = collections.deque()
+        state.on_slot_free = self._wake_soon
+
+    def _wake_soon(self) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self._wake)
+        except RuntimeError:  # the loop is closed: stopping
+            pass
+
+    def _wake(self) -> None:
+        while self._waiting:
+            fut = self._waiting[0]
+            if fut.done():
+                self._waiting.popleft()
+                continue
+            slot = self.state.acquire()
+            if slot is None:
+                break
+            self._waiting.popleft()
+            fut.set_result(slot)
+        self.state.metrics.waiting.set(len(self._waiting))
+
+    async def acquire(self, request) -> tuple[Slot | None, str]:
+        """A slot, or ``(None, reason)``: ``"busy"`` (queue full or disabled),
+        ``"queue_timeout"``, ``"gone"`` (the client disconnected while waiting)."""
+        if not self._waiting:
+            slot = self.state.acquire()
+            if slot is not None:
+                return slot, ""
+        if len(self._waiting) >= self.state.queue_size:
+            return None, "busy"
+        fut = self.loop.create_future()
+        self._waiting.append(fut)
+        self.state.metrics.waiting.set(len(self._waiting))
+        gone = asyncio.ensure_future(_disconnected(request))
+        got, why = None, "queue_timeout"
+        try:
+            done, _ = await asyncio.wait({fut, gone}, timeout=self.state.queue_timeout_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if gone in done:
+                why = "gone"
+            elif fut in done and not fut.cancelled():
+                got = fut.result()
+        finally:
+            gone.cancel()
+            if got is None:
+                if fut.done() and not fut.cancelled():
+                    self.state.release_slot(fut.result())  # a slot it will not use: hand it on
+                else:
+                    fut.cancel()
+            if fut in self._waiting:
+                self._waiting.remove(fut)
+            self.state.metrics.waiting.set(len(self._waiting))
+        return (got, "") if got is not None else (None, why)
+
+
+async def _disconnected(request) -> None:
+    """Return when the client has gone (ASGI ``http.disconnect``)."""
+    while (await request.receive()).get("type") != "http.disconnect":
+        pass
+
+
 def _error_response(exc: APIRequestError, headers: dict | None = None):
     return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
@@ -179,11 +255,21 @@ def create_app(state: ServeState, limits: APILimits = DEFAULT_LIMITS):
     """The FastAPI application over ``state`` (module docstring)."""
     app = FastAPI(title="sealfl device", docs_url=None, redoc_url=None, openapi_url=None)
     executor = ThreadPoolExecutor(max_workers=max(1, state.max_concurrent), thread_name_prefix="sealfl-gen")
+    queues: dict[int, SlotQueue] = {}
+
+    def slot_queue() -> SlotQueue:
+        loop = asyncio.get_running_loop()
+        if id(loop) not in queues:
+            queues.clear()
+            queues[id(loop)] = SlotQueue(state, loop)
+        return queues[id(loop)]
 
     @app.get("/health")
     async def health():
         if state.serving():
-            return {"status": "ok", "release": state.release.to_dict(), "slots": state.max_concurrent}
+            return {"status": "ok", "release": state.release.to_dict(), "tee": dict(state.tee),
+                    "slots": state.max_concurrent,
+                    "queue": {"size": state.queue_size, "timeout_s": state.queue_timeout_s}}
         body = {"status": state.status if state.status != "ready" else "no-working-slot"}
         if state.error:
             body["error"] = state.error
@@ -238,10 +324,14 @@ def create_app(state: ServeState, limits: APILimits = DEFAULT_LIMITS):
             state.metrics.reject({503: "not_ready", 404: "unknown_model"}.get(exc.status, "context" if exc.code
                                  == "context_length_exceeded" else "invalid"))
             return _error_response(exc)
-        slot = state.acquire()
+        slot, why = await slot_queue().acquire(request)
         if slot is None:
-            state.metrics.reject("busy")
-            exc = APIRequestError(f"all {state.max_concurrent} generation slots are busy; retry after "
+            if why == "gone":
+                return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
+            state.metrics.reject(why)
+            waited = (f"; it waited {state.queue_timeout_s:g} s in the queue" if why == "queue_timeout" else
+                      f" and the queue ({state.queue_size}) is full" if state.queue_size else "")
+            exc = APIRequestError(f"all {state.max_concurrent} generation slots are busy{waited}; retry after "
                                   f"{RETRY_AFTER_S} s", param=None, code="too_many_requests", status=429,
                                   type="rate_limit_error")
             return _error_response(exc, {"Retry-After": str(RETRY_AFTER_S)})

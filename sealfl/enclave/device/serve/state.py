@@ -3,8 +3,10 @@ served release, the generation slots, the metrics.
 
 A **slot** is one :class:`~sealfl.enclave.sandbox.llm_runtime.LLMRuntime` (one sandboxed child
 with its own KV cache) that serves one request at a time. ``--max-concurrent N`` means N
-slots; a request that finds no free slot is refused at once (HTTP 429), so nothing is
-ever queued: memory is bounded by N children and N requests in flight.
+slots; a request that finds no free slot waits in a bounded FIFO queue (``--queue Q``, at
+most ``--queue-timeout`` seconds; :class:`~sealfl.enclave.device.serve.app.SlotQueue`) or, with
+the queue full or ``Q = 0``, is refused at once (HTTP 429): memory is bounded by N
+children, N requests in flight and Q waiting bodies.
 
 Runtimes are created on the server's **main thread** only (their children carry
 ``PR_SET_PDEATHSIG``, which fires when the creating thread exits); a slot whose child died
@@ -67,6 +69,11 @@ class ServeState:
         slots: the slots (empty until ready).
         max_context: the release's context limit, tokens.
         state_dir: the device state directory (``GET /attestation`` quotes its TEE).
+        queue_size: requests that may wait for a slot (0: none).
+        queue_timeout_s: longest wait for a slot, seconds.
+        tee: the TEE the served release booted on (``{"backend", "insecure", "ak_keyid"}``),
+            shown by ``/health``.
+        on_slot_free: called (from any thread) when a slot is given back.
     """
 
     max_concurrent: int
@@ -77,6 +84,10 @@ class ServeState:
     release: ReleaseInfo | None = None
     slots: list[Slot] = field(default_factory=list)
     max_context: int = 0
+    queue_size: int = 0
+    queue_timeout_s: float = 30.0
+    tee: dict = field(default_factory=dict)
+    on_slot_free: Any = None
     tokenizer_runtime: Any = None
     restarts: "queue.Queue" = field(default_factory=queue.Queue)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -124,6 +135,8 @@ class ServeState:
             if slot.busy:
                 slot.busy = False
                 self.metrics.running.dec()
+        if self.on_slot_free is not None:
+            self.on_slot_free()
 
     def request_restart(self, slot: Slot) -> None:
         """Mark ``slot`` broken (its child died) and ask the main thread to restart it."""
@@ -137,6 +150,8 @@ class ServeState:
             slot.runtime = runtime
             slot.broken = False
         self.metrics.worker_restarts.inc()
+        if self.on_slot_free is not None:
+            self.on_slot_free()
 
     def serving(self) -> bool:
         """True while ready with at least one working slot."""
