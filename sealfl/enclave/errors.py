@@ -131,11 +131,13 @@ class KeyBrokerError(EnclaveError):
 
 class KeyRequestRefused(KeyBrokerError):
     """The broker refused a key request; ``check`` names the failed check (``nonce``,
-    ``request``, ``ak``, ``evidence``, ``policy``, ``key``, ``rate``)."""
+    ``request``, ``ak``, ``evidence``, ``policy``, ``key``, ``rate``); for ``rate``,
+    ``retry_after_s`` says when to ask again (seconds)."""
 
-    def __init__(self, message: str, *, check: str) -> None:
+    def __init__(self, message: str, *, check: str, retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.check = check
+        self.retry_after_s = retry_after_s
 
 
 __getattr__ = moved_names_hook(__name__)  # names moved out of this module in 0.2 (sealfl._moved)
