@@ -34,6 +34,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 
+from sealfl.common.errors import plain_text
 from sealfl.enclave.errors import TEEError, TPMError
 from sealfl.enclave.tee.tpm_rc import TpmRc, from_stderr
 
@@ -49,7 +50,6 @@ _TIMEOUT_S = 60
 RESOURCE_PAUSES_S = (0.05, 0.25)
 #: pauses before the retries of a ``busy`` failure (self-test, NV rate limit), seconds
 BUSY_PAUSES_S = (0.1, 0.5, 1.0, 2.0)
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _HANDLE = re.compile(r"^\s*-\s*(0x[0-9a-fA-F]+)\s*$", re.M)
 
 
@@ -73,7 +73,7 @@ def parse_handles(getcap_output: str) -> list[int]:
 
 
 def _tail(stderr: bytes) -> str:
-    lines = [ln.strip() for ln in _ANSI.sub("", stderr.decode("utf-8", "replace")).splitlines() if ln.strip()]
+    lines = plain_text(stderr.decode("utf-8", "replace"), 1 << 16).split(" | ")
     useful = [ln for ln in lines if ln.startswith("ERROR: ")] or lines
     return " | ".join(useful[-2:])[:400]
 
