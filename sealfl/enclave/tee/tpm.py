@@ -44,12 +44,9 @@ provisioning leaves no state directory behind.
 (``tpm2_getcap``), never from a failed read: a read fails for many reasons (object memory
 full, lockout, ...), and advising re-provisioning then would destroy a good identity.
 
-**Sealing**: a fresh 32-byte AES-256 key is sealed as a TPM keyed-hash object under the
-owner's primary ECC key (re-derived each time from the owner seed with ``tpm2_createprimary``)
-with a ``PolicyPCR`` policy (TPM 2.0 Part 1 §19.7) over the requested PCR values; the data
-is AES-256-GCM encrypted under that key (:mod:`sealfl.enclave.tee.sealed_blob`), with header
-canonical JSON ``{"alg", "bank", "policy": {"<i>": hex}, "pub": b64, "priv": b64}``
-(the TPM2B public/private parts of the sealed object), authenticated as GCM AAD.
+**Sealing** (:mod:`sealfl.enclave.tee.tpm_seal`): a fresh AES-256 key sealed as a TPM
+keyed-hash object under the owner's primary key with a ``PolicyPCR`` policy; the data
+AES-256-GCM encrypted under it.
 
 State directory (mode 0700, files 0600): ``tee.json`` ``{"backend": "tpm", "format": 1,
 "tcti": str, "role": str}`` (``role`` absent: ``device``, as written by sealfl 0.2) and
@@ -66,21 +63,19 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from Crypto.Random import get_random_bytes
-
 from sealfl.attestation import keys as _keys
-from sealfl.attestation.canonical import JSONFormatError, canonical_json, loads_strict, parse_object
+from sealfl.attestation.canonical import canonical_json, parse_object
 from sealfl.attestation.errors import AttestationError
 from sealfl.attestation.quote import DIGEST_SIZE, PCR_BANK, pcr_digest, qualifying_data
 from sealfl.attestation.tee_floor import FLOOR_RECORD_SIZE, FloorRecord
 from sealfl.attestation.tpm_attest import parse_quote_attest
 from sealfl.common.fields import Fields
 from sealfl.common.fsutil import atomic_write, check_private_file, ensure_private_dir
-from sealfl.enclave.errors import TEEError, TEEStateError, UnsealError
+from sealfl.enclave.errors import TEEError, TEEStateError
+from sealfl.enclave.tee import tpm_seal
 from sealfl.enclave.tee.interface import TEE, check_floor_write
 from sealfl.enclave.tee.interface import check_pcr_digest as _check_digest
 from sealfl.enclave.tee.interface import check_pcr_index as _check_index
-from sealfl.enclave.tee.sealed_blob import open_blob, seal_blob, split_blob
 from sealfl.enclave.tee.tpm_alloc import DEFAULT_ROLE, ROLES, Role, check_free, probe, role_of
 from sealfl.enclave.tee.tpm_tools import DEFAULT_TCTI, TCTI_ENV, Tools, tcti_of
 
@@ -93,7 +88,6 @@ AK_HANDLE = f"{ROLES['device'].ak_handle:#x}"
 FLOOR_NV_INDEX = f"{ROLES['device'].floor_nv:#010x}"
 RESET_PCRS = ROLES["device"].pcrs
 _FORMAT = 1
-_MAGIC = b"SEALFL-TPMSEAL/1\n"
 
 
 def _parse_tee_json(data: bytes, root: Path) -> tuple[str, Role]:
@@ -320,70 +314,13 @@ class TpmTEE(TEE):
         return self._ak_pem
 
     def seal(self, data: bytes, policy: Mapping[int, bytes] | None = None) -> bytes:
-        """See :meth:`TEE.seal`; blob format in the module docstring."""
+        """See :meth:`TEE.seal`; blob format in :mod:`sealfl.enclave.tee.tpm_seal`."""
         pol = {_check_index(i): _check_digest(v, f"policy value of PCR {i}") for i, v in (policy or {}).items()}
-        key = get_random_bytes(32)
-        with tempfile.TemporaryDirectory(prefix="sealfl-tpm-") as tmp, self._tools.scope(sessions=bool(pol)):
-            p = {n: os.path.join(tmp, n) for n in ("prim", "vals", "pol", "pub", "priv", "key")}
-            Path(p["key"]).write_bytes(key)
-            self._primary(p["prim"])
-            args = ["tpm2_create", "-C", p["prim"], "-i", p["key"], "-u", p["pub"], "-r", p["priv"]]
-            if pol:
-                Path(p["vals"]).write_bytes(b"".join(pol[i] for i in sorted(pol)))
-                self._tools.run("tpm2_createpolicy", "--policy-pcr", "-l", self._sel(pol), "-f", p["vals"],
-                                "-L", p["pol"])
-                self._tools.flush()
-                args += ["-L", p["pol"], "-a", "fixedtpm|fixedparent"]
-            else:
-                args += ["-a", "fixedtpm|fixedparent|userwithauth"]
-            self._tools.run(*args)
-            pub, priv = Path(p["pub"]).read_bytes(), Path(p["priv"]).read_bytes()
-        return seal_blob(_MAGIC, {"alg": "AES-256-GCM", "bank": PCR_BANK,
-                                  "policy": {str(i): pol[i].hex() for i in sorted(pol)},
-                                  "pub": base64.b64encode(pub).decode(), "priv": base64.b64encode(priv).decode()},
-                         key, data)
+        return tpm_seal.seal(self._tools, data, pol)
 
     def unseal(self, blob: bytes) -> bytes:
-        """See :meth:`TEE.unseal`: the TPM releases the key only under the PCR policy.
-
-        Raises:
-            UnsealError: the blob is malformed or modified; the TPM refused the sealed object
-                (another TPM, another owner seed, modified); or the PCR policy is not met.
-            TPMError: any other TPM failure (e.g. object memory full), with what to do.
-        """
-        parts = split_blob(blob, _MAGIC, "TPM sealed blob")
-        try:
-            header = loads_strict(parts.header)
-            policy = sorted(int(i) for i in header["policy"])
-            pub, priv = base64.b64decode(header["pub"], validate=True), base64.b64decode(header["priv"], validate=True)
-        except (JSONFormatError, KeyError, TypeError, ValueError) as exc:
-            raise UnsealError(f"TPM sealed blob header is malformed: {exc}") from exc
-        with tempfile.TemporaryDirectory(prefix="sealfl-tpm-") as tmp, self._tools.scope():
-            p = {n: os.path.join(tmp, n) for n in ("prim", "pub", "priv", "obj")}
-            Path(p["pub"]).write_bytes(pub)
-            Path(p["priv"]).write_bytes(priv)
-            self._primary(p["prim"])
-            proc = self._tools.run("tpm2_load", "-C", p["prim"], "-u", p["pub"], "-r", p["priv"], "-c", p["obj"],
-                                   check=False)
-            if proc.returncode != 0:
-                raise self._unseal_failure("tpm2_load", proc, "loading the sealed object")
-            self._tools.flush()
-            auth = ["-p", f"pcr:{self._sel(policy)}"] if policy else []
-            proc = self._tools.run("tpm2_unseal", "-c", p["obj"], *auth, check=False)
-            if proc.returncode != 0:
-                raise self._unseal_failure("tpm2_unseal", proc, "unsealing", policy)
-        return open_blob(parts, proc.stdout, "sealed blob failed authentication: it was modified")
-
-    def _unseal_failure(self, command: str, proc, what: str, policy=()) -> TEEError:
-        rc = getattr(proc, "rc", None)
-        if rc is not None and rc.kind == "policy":
-            return UnsealError(f"PCR policy not satisfied ({rc.label()}): PCR(s) {list(policy)} differ from the values "
-                               "the data was sealed to (the measured code or boot state changed); re-provision the "
-                               "secret")
-        if rc is not None and rc.kind == "foreign-object":
-            return UnsealError(f"the TPM refused the sealed object ({rc.label()}): it was sealed by another TPM, under "
-                               "another owner seed (the TPM was cleared), or modified")
-        return self._tools.error(command, proc, what)
+        """See :meth:`TEE.unseal` (:func:`sealfl.enclave.tee.tpm_seal.unseal`)."""
+        return tpm_seal.unseal(self._tools, blob)
 
     def read_floor(self) -> FloorRecord:
         """See :meth:`TEE.read_floor` (``tpm2_nvread`` of the role's NV index).
@@ -426,14 +363,6 @@ class TpmTEE(TEE):
             path = os.path.join(tmp, "nv")
             Path(path).write_bytes(record.to_bytes())
             self._tools.run("tpm2_nvwrite", f"{self.role.floor_nv:#010x}", "-C", "o", "-i", path)
-
-    def _primary(self, ctx: str) -> None:
-        self._tools.run("tpm2_createprimary", "-C", "o", "-G", "ecc", "-g", "sha256", "-c", ctx)
-        self._tools.flush()  # drops the handle; the context file reloads it
-
-    @staticmethod
-    def _sel(indices) -> str:
-        return "sha256:" + ",".join(str(i) for i in sorted(indices))
 
 
 #: Backend registry hook used by :func:`sealfl.enclave.tee.interface.backend_class`.

@@ -201,24 +201,22 @@ def test_kind_strings_that_are_not_unicode_text_are_refused_by_name(raw, param):
 
 
 class _Client:
-    """The ASGI receive side of a request whose body was read: blocks until it disconnects."""
+    """A waiting client: calling it gives what returns once it disconnected (``gone.set()``)."""
 
     def __init__(self):
         import asyncio
 
         self.gone = asyncio.Event()
 
-    async def receive(self):
-        await self.gone.wait()
-        return {"type": "http.disconnect"}
+    def __call__(self):
+        return self.gone.wait()
 
 
 def test_kind_the_slot_queue_is_bounded_first_come_first_served_and_times_out():
     import asyncio
 
-    from sealfl.enclave.device.serve.app import SlotQueue
     from sealfl.enclave.device.serve.metrics import ServeMetrics
-    from sealfl.enclave.device.serve.state import ReleaseInfo, ServeState
+    from sealfl.enclave.device.serve.state import ReleaseInfo, ServeState, SlotQueue
 
     async def scenario():
         state = ServeState(1, ServeMetrics(1), queue_size=2, queue_timeout_s=0.3)

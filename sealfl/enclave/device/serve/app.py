@@ -20,7 +20,7 @@ Routes:
 A generation request: body read up to the cap (400 beyond, without reading more) ->
 checked (:mod:`sealfl.enclave.device.serve.openai_api`, 400 naming the parameter) -> model id (404) ->
 prompt rendered with the release's chat template and tokenized, context checked (400) ->
-a free slot, else a place in the bounded queue (:class:`SlotQueue`: ``--queue`` places, at
+a free slot, else a place in the bounded queue (:class:`~sealfl.enclave.device.serve.state.SlotQueue`: ``--queue`` places, at
 most ``--queue-timeout`` s, first come first served), else 429 with ``Retry-After`` -> generation on a worker thread
 whose text pieces reach the client as they are decoded (a piece never ends inside a
 UTF-8 character or a possible stop string: :func:`~sealfl.enclave.sandbox.llm_runtime.emit_limit`).
@@ -31,7 +31,6 @@ callback then stops the child's generation at the next token and the slot is fre
 from __future__ import annotations
 
 import asyncio
-import collections
 import json
 import logging
 import os
@@ -54,11 +53,11 @@ from sealfl.enclave.device.serve.openai_api import (
     parse_chat_request,
     parse_completion_request,
 )
-from sealfl.enclave.device.serve.state import ServeState, Slot
+from sealfl.enclave.device.serve.state import ServeState, Slot, SlotQueue
 from sealfl.enclave.errors import RuntimeSandboxError
 from sealfl.enclave.sandbox.decode import SamplingParams
 
-__all__ = ["create_app", "RETRY_AFTER_S", "SlotQueue"]
+__all__ = ["create_app", "RETRY_AFTER_S"]
 
 log = logging.getLogger(__name__)
 
@@ -141,73 +140,6 @@ class _Job:
         state.release_slot(slot)
         self._put(_END)
         return res
-
-
-class SlotQueue:
-    """Requests waiting for a generation slot, first come first served (runs on the event
-    loop; :attr:`ServeState.on_slot_free` wakes it from the worker threads).
-
-    At most ``state.queue_size`` wait, each at most ``state.queue_timeout_s`` seconds, as
-    llama.cpp's server and vLLM queue requests beyond their running batch; beyond that the
-    caller answers 429. A client that disconnects while waiting leaves the queue.
-    """
-
-    def __init__(self, state: ServeState, loop: asyncio.AbstractEventLoop) -> None:
-        self.state, self.loop = state, loop
-        self._waiting: collections.deque[asyncio.Future] = collections.deque()
-        state.on_slot_free = self._wake_soon
-
-    def _wake_soon(self) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self._wake)
-        except RuntimeError:  # the loop is closed: stopping
-            pass
-
-    def _wake(self) -> None:
-        while self._waiting:
-            fut = self._waiting[0]
-            if fut.done():
-                self._waiting.popleft()
-                continue
-            slot = self.state.acquire()
-            if slot is None:
-                break
-            self._waiting.popleft()
-            fut.set_result(slot)
-        self.state.metrics.waiting.set(len(self._waiting))
-
-    async def acquire(self, request) -> tuple[Slot | None, str]:
-        """A slot, or ``(None, reason)``: ``"busy"`` (queue full or disabled),
-        ``"queue_timeout"``, ``"gone"`` (the client disconnected while waiting)."""
-        if not self._waiting:
-            slot = self.state.acquire()
-            if slot is not None:
-                return slot, ""
-        if len(self._waiting) >= self.state.queue_size:
-            return None, "busy"
-        fut = self.loop.create_future()
-        self._waiting.append(fut)
-        self.state.metrics.waiting.set(len(self._waiting))
-        gone = asyncio.ensure_future(_disconnected(request))
-        got, why = None, "queue_timeout"
-        try:
-            done, _ = await asyncio.wait({fut, gone}, timeout=self.state.queue_timeout_s,
-                                         return_when=asyncio.FIRST_COMPLETED)
-            if gone in done:
-                why = "gone"
-            elif fut in done and not fut.cancelled():
-                got = fut.result()
-        finally:
-            gone.cancel()
-            if got is None:
-                if fut.done() and not fut.cancelled():
-                    self.state.release_slot(fut.result())  # a slot it will not use: hand it on
-                else:
-                    fut.cancel()
-            if fut in self._waiting:
-                self._waiting.remove(fut)
-            self.state.metrics.waiting.set(len(self._waiting))
-        return (got, "") if got is not None else (None, why)
 
 
 async def _disconnected(request) -> None:
@@ -324,7 +256,7 @@ def create_app(state: ServeState, limits: APILimits = DEFAULT_LIMITS):
             state.metrics.reject({503: "not_ready", 404: "unknown_model"}.get(exc.status, "context" if exc.code
                                  == "context_length_exceeded" else "invalid"))
             return _error_response(exc)
-        slot, why = await slot_queue().acquire(request)
+        slot, why = await slot_queue().acquire(lambda: _disconnected(request))
         if slot is None:
             if why == "gone":
                 return Response(status_code=499)  # nobody reads it; nginx's "client closed request"

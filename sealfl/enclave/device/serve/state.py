@@ -4,7 +4,7 @@ served release, the generation slots, the metrics.
 A **slot** is one :class:`~sealfl.enclave.sandbox.llm_runtime.LLMRuntime` (one sandboxed child
 with its own KV cache) that serves one request at a time. ``--max-concurrent N`` means N
 slots; a request that finds no free slot waits in a bounded FIFO queue (``--queue Q``, at
-most ``--queue-timeout`` seconds; :class:`~sealfl.enclave.device.serve.app.SlotQueue`) or, with
+most ``--queue-timeout`` seconds; :class:`SlotQueue`) or, with
 the queue full or ``Q = 0``, is refused at once (HTTP 429): memory is bounded by N
 children, N requests in flight and Q waiting bodies.
 
@@ -17,15 +17,18 @@ canary) and counts a worker restart.
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import logging
 import queue
 import threading
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from sealfl.enclave.device.serve.metrics import ServeMetrics
 
-__all__ = ["Slot", "ServeState", "ReleaseInfo"]
+__all__ = ["Slot", "ServeState", "ReleaseInfo", "SlotQueue"]
 
 log = logging.getLogger(__name__)
 
@@ -175,3 +178,71 @@ class ServeState:
                 rt.close()
             except Exception:  # noqa: BLE001 -- shutting down: close the others regardless
                 log.exception("closing a runtime failed")
+
+
+class SlotQueue:
+    """Requests waiting for a generation slot, first come first served (runs on the event
+    loop; :attr:`ServeState.on_slot_free` wakes it from the worker threads).
+
+    At most ``state.queue_size`` wait, each at most ``state.queue_timeout_s`` seconds, as
+    llama.cpp's server and vLLM queue requests beyond their running batch; beyond that the
+    caller answers 429. A client that disconnects while waiting leaves the queue.
+    """
+
+    def __init__(self, state: ServeState, loop: asyncio.AbstractEventLoop) -> None:
+        self.state, self.loop = state, loop
+        self._waiting: collections.deque[asyncio.Future] = collections.deque()
+        state.on_slot_free = self._wake_soon
+
+    def _wake_soon(self) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self._wake)
+        except RuntimeError:  # the loop is closed: stopping
+            pass
+
+    def _wake(self) -> None:
+        while self._waiting:
+            fut = self._waiting[0]
+            if fut.done():
+                self._waiting.popleft()
+                continue
+            slot = self.state.acquire()
+            if slot is None:
+                break
+            self._waiting.popleft()
+            fut.set_result(slot)
+        self.state.metrics.waiting.set(len(self._waiting))
+
+    async def acquire(self, gone: Callable[[], Awaitable]) -> tuple[Slot | None, str]:
+        """A slot, or ``(None, reason)``: ``"busy"`` (queue full or disabled),
+        ``"queue_timeout"``, ``"gone"`` (``gone()``, awaited while waiting, returned: the
+        client disconnected)."""
+        if not self._waiting:
+            slot = self.state.acquire()
+            if slot is not None:
+                return slot, ""
+        if len(self._waiting) >= self.state.queue_size:
+            return None, "busy"
+        fut = self.loop.create_future()
+        self._waiting.append(fut)
+        self.state.metrics.waiting.set(len(self._waiting))
+        gone = asyncio.ensure_future(gone())
+        got, why = None, "queue_timeout"
+        try:
+            done, _ = await asyncio.wait({fut, gone}, timeout=self.state.queue_timeout_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if gone in done:
+                why = "gone"
+            elif fut in done and not fut.cancelled():
+                got = fut.result()
+        finally:
+            gone.cancel()
+            if got is None:
+                if fut.done() and not fut.cancelled():
+                    self.state.release_slot(fut.result())  # a slot it will not use: hand it on
+                else:
+                    fut.cancel()
+            if fut in self._waiting:
+                self._waiting.remove(fut)
+            self.state.metrics.waiting.set(len(self._waiting))
+        return (got, "") if got is not None else (None, why)
