@@ -231,3 +231,20 @@ def test_kind_a_challenge_flood_cannot_crowd_out_a_genuine_challenge(backend, de
     out = broker.release_key({"nonce": genuine, "public_key": base64.b64encode(pub).decode(),
                               "ak_keyid": keyid(ak), "evidence": ev})
     assert wrap.unwrap(pair, root, base64.b64decode(out["enc"]), base64.b64decode(out["wrapped_key"])) == b"k" * 32
+
+
+def test_kind_a_private_key_given_as_a_device_ak_is_named_as_such(tmp_path):
+    import json
+
+    from sealfl.attestation.keys import generate_key, private_key_to_pem
+    from sealfl.enclave.errors import KeyBrokerError
+    from sealfl.enclave.keybroker.server import load_broker
+
+    policy, keys, priv = tmp_path / "policy.json", tmp_path / "keys.json", tmp_path / "ak.pem"
+    policy.write_text(json.dumps({"schema": POLICY_SCHEMA, "backends": ["tpm"], "runtime_code": [], "config": [],
+                                  "release_root": []}))
+    keys.write_text(json.dumps({"ab" * 32: base64.b64encode(b"k" * 32).decode()}))
+    keys.chmod(0o600)
+    priv.write_bytes(private_key_to_pem(generate_key()))  # the operator copied the wrong file
+    with pytest.raises(KeyBrokerError, match=r"--ak .*ak\.pem: holds a PRIVATE key, not a public key"):
+        load_broker(policy, [priv], keys)
