@@ -8,8 +8,9 @@ keys; floats only in free metadata). DSSE signatures cover the exact payload byt
 verifiers never need to re-canonicalise a DSSE payload.
 
 Strict parsing rejects what lets two parsers disagree about a signed document:
-duplicate object keys, NaN/Infinity, invalid UTF-8, and a top-level value that is not an
-object.
+duplicate object keys, NaN/Infinity, invalid UTF-8, a string that is not Unicode text (an
+unpaired surrogate written as ``"\ud800"``: I-JSON, RFC 7493 §2.1; such a string cannot be
+encoded, tokenised or signed), and a top-level value that is not an object.
 
 Strict Base64 (:func:`b64decode_strict`) gives every byte string exactly one text: the
 standard alphabet of RFC 4648 §4 only (no URL-safe ``-``/``_``, no whitespace or other
@@ -36,7 +37,49 @@ _B64_STANDARD = re.compile(r"\A(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-
 
 
 class JSONFormatError(FormatError):
-    """Raised by :func:`loads_strict` when bytes are not one strict JSON object."""
+    """Raised by :func:`loads_strict` when bytes are not one strict JSON object.
+
+    Attributes:
+        path: the field path of the offending value (``messages[0].content``) when one
+            value is at fault, else None.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+#: a JSON escape of a UTF-16 surrogate (only ``\uD800``..``\uDFFF`` escapes can make one:
+#: the UTF-8 decoder refuses encoded surrogates)
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _not_text(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+        return False
+    except UnicodeEncodeError:
+        return True
+
+
+def _lone_surrogate(obj: Any, path: str) -> str | None:
+    """Path of the first key or string holding an unpaired surrogate, else None."""
+    if isinstance(obj, str):
+        return path if _not_text(obj) else None
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            at = Fields.join(path, key) if not _not_text(key) else None
+            if at is None:
+                return Fields.join(path, key.encode("utf-8", "replace").decode("utf-8"))
+            found = _lone_surrogate(value, at)
+            if found is not None:
+                return found
+    elif isinstance(obj, list):
+        for i, value in enumerate(obj):
+            found = _lone_surrogate(value, Fields.join(path, i))
+            if found is not None:
+                return found
+    return None
 
 
 def b64decode_strict(text: Any, what: str) -> bytes:
@@ -109,7 +152,8 @@ def loads_strict(data: bytes) -> dict[str, Any]:
 
     Raises:
         JSONFormatError: invalid UTF-8, invalid JSON, nesting too deep, duplicate keys,
-            NaN/Infinity, or a top-level value that is not an object.
+            NaN/Infinity, a string or key with an unpaired surrogate (``.path`` names it),
+            or a top-level value that is not an object.
     """
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise JSONFormatError(f"expected bytes, got {type(data).__name__}")
@@ -127,6 +171,11 @@ def loads_strict(data: bytes) -> dict[str, Any]:
         raise JSONFormatError("JSON nested too deeply") from exc
     if not isinstance(obj, dict):
         raise JSONFormatError(f"top-level JSON value must be an object, got {type(obj).__name__}")
+    if _SURROGATE_ESCAPE.search(text):  # rare: walk only when an escape could have made one
+        where = _lone_surrogate(obj, "")
+        if where is not None:
+            raise JSONFormatError(f"the string at {where!r} is not valid Unicode (an unpaired UTF-16 surrogate "
+                                  "escape such as \\ud800); send text that is valid UTF-8", path=where)
     return obj
 
 

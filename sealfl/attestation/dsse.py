@@ -86,7 +86,10 @@ def verify_envelope(
     """Verify a DSSE envelope against pinned keys and return the payload bytes.
 
     The envelope is accepted iff at least one of its signatures verifies over
-    ``PAE(payloadType, payload)`` with one of ``trusted_public_keys`` (threshold 1). A
+    ``PAE(payloadType, payload)`` with one of ``trusted_public_keys`` (threshold 1), in its
+    one canonical encoding (low-S, minimal DER: :func:`sealfl.attestation.keys.verify`).
+    The envelope's other bytes (further signatures, keyids, JSON layout) carry no identity:
+    what a release *is* is the payload verified here (its digest, the statement digest). A
     signature whose non-empty ``keyid`` names an untrusted key is skipped; an empty keyid
     is tried against every trusted key.
 
@@ -125,9 +128,10 @@ def verify_envelope(
             if _keys.verify(key, message, sig):
                 return payload
     kids = [kid for kid, _ in entries]
+    problems = [f"signatures[{i}]: {p}" for i, (_, sig) in enumerate(entries) if (p := _keys.signature_problem(sig))]
     raise SignatureError(
         f"no DSSE signature verifies with a trusted key (envelope keyids {kids}, "
-        f"trusted keyids {sorted(trusted)})"
+        f"trusted keyids {sorted(trusted)})" + (f"; {'; '.join(problems)}" if problems else "")
     )
 
 

@@ -35,6 +35,7 @@ allowed list of its type, with at least one ``runtime-code``, ``config`` and
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -179,7 +180,8 @@ def verify_evidence(evidence: Any, ak_public_key: ECC.EccKey, nonce: bytes, poli
 
     Raises:
         QuoteError: malformed evidence, bad signature, wrong or replayed nonce, PCR digest,
-            event log that does not replay to the quoted PCRs.
+            an event log that does not replay to the quoted PCRs (checked before the policy:
+            a forged event is reported as such).
         PolicyError: backend or an event digest not allowed, or a required event missing.
     """
     fields = Fields("evidence", QuoteError)
@@ -191,12 +193,19 @@ def verify_evidence(evidence: Any, ak_public_key: ECC.EccKey, nonce: bytes, poli
     expected = replay(events)
     if not expected:
         raise QuoteError("evidence eventlog has no events; the device did not boot measured")
-    verify_quote(quote, ak_public_key, purpose, nonce if data is None else data, expected,
+    verify_quote(quote, ak_public_key, purpose, nonce if data is None else data, {},
                  allowed_backends=policy.backends)
     quoted = {int(k): v for k, v in quote["pcrs"].items()}
     unexplained = sorted(set(quoted) - set(expected))
     if unexplained:
         raise QuoteError(f"quoted PCR(s) {unexplained} have no events in the event log")
+    for index in sorted(expected):  # the log must replay to what the TEE signed, before any policy is asked
+        if index not in quoted:
+            raise QuoteError(f"the event log has events for PCR {index}, which the quote does not cover")
+        if not hmac.compare_digest(quoted[index], expected[index]):
+            raise QuoteError(f"the event log does not replay to the quoted PCR {index} (replays to "
+                             f"{expected[index][:16]}…, the TEE signed {quoted[index][:16]}…): an event was added, "
+                             "removed or altered -- the log is forged or incomplete")
     kinds = [e.type for e in events]
     for need in ("runtime-code", "config", "release-root"):
         if need not in kinds:

@@ -3,6 +3,17 @@
 Signatures are ECDSA over SHA-256 (FIPS 186-3 / 186-4 ``DSS`` mode ``'fips-186-3'``) in
 DER encoding (``Ecdsa-Sig-Value`` from RFC 3279 §2.2.3). Key ids are the lowercase hex
 SHA-256 of the DER ``SubjectPublicKeyInfo`` (RFC 5280 §4.1.2.7) of the public key.
+
+**One encoding per signature (low-S).** ECDSA is malleable: if ``(r, s)`` verifies, so does
+``(r, n - s)`` (SEC 1 v2 §4.1.4: only ``s``'s residue class up to sign enters the check), and
+a lenient DER reader accepts further spellings (long-form lengths, leading zero bytes).
+:func:`verify` -- the one verification helper every signature in sealfl goes through
+(releases' DSSE envelopes, quotes, partners' replies) -- accepts only the canonical form:
+strict DER (X.690 §10: definite short-form lengths, minimal positive INTEGERs, no trailing
+bytes) with ``1 <= r < n`` and ``1 <= s <= n/2`` ("low-S", the rule of Bitcoin's BIP 62 and
+of libsecp256k1's ``secp256k1_ecdsa_verify``), ``n`` the P-256 group order (SEC 2 §2.4.2).
+:func:`sign` always produces that form; :func:`canonical_signature` converts a signature
+made elsewhere (a TPM chooses its own ``s``) before it is stored.
 """
 
 from __future__ import annotations
@@ -14,7 +25,7 @@ from Crypto.Hash import SHA256
 from Crypto.PublicKey import ECC
 from Crypto.Signature import DSS
 
-from sealfl.attestation.errors import KeyFormatError
+from sealfl.attestation.errors import KeyFormatError, SignatureError
 
 __all__ = [
     "CURVE",
@@ -27,10 +38,16 @@ __all__ = [
     "keyid",
     "sign",
     "verify",
+    "P256_ORDER",
+    "canonical_signature",
+    "signature_problem",
 ]
 
 #: The only curve sealfl uses (pycryptodome's name for NIST P-256 / secp256r1).
 CURVE = "NIST P-256"
+#: Order n of the P-256 base point (SEC 2 v2 §2.4.2; FIPS 186-4 D.1.2.3).
+P256_ORDER = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551
+_HALF_ORDER = P256_ORDER // 2
 
 _PEM_PUBLIC_BLOCK = re.compile(
     rb"-----BEGIN PUBLIC KEY-----\s.*?-----END PUBLIC KEY-----", re.DOTALL
@@ -118,11 +135,16 @@ def load_public_keys(pem: bytes) -> list[ECC.EccKey]:
     """Import one or more concatenated ``PUBLIC KEY`` PEM blocks (key rotation).
 
     Raises:
-        KeyFormatError: no PEM public key block found, or any block is invalid.
+        KeyFormatError: no PEM public key block found (a private key is named as such), or
+            any block is invalid.
     """
     blocks = _PEM_PUBLIC_BLOCK.findall(pem)
     if not blocks:
-        raise KeyFormatError("no '-----BEGIN PUBLIC KEY-----' block found")
+        if re.search(rb"-----BEGIN (?:[A-Z]+ )*PRIVATE KEY-----", pem):
+            raise KeyFormatError("holds a PRIVATE key, not a public key: give the public key instead (for a device, "
+                                 "the ak.pem that `sealfl device provision --export-ak` writes); a verifier never "
+                                 "needs a private key")
+        raise KeyFormatError("no '-----BEGIN PUBLIC KEY-----' block found (expected one or more PEM public keys)")
     return [load_public_key(block) for block in blocks]
 
 
@@ -132,22 +154,86 @@ def keyid(public_key: ECC.EccKey) -> str:
     return hashlib.sha256(der).hexdigest()
 
 
+def _der_integer(value: int) -> bytes:
+    body = value.to_bytes((value.bit_length() + 8) // 8, "big")  # one leading 0x00 exactly when the top bit is set
+    return b"\x02" + bytes([len(body)]) + body
+
+
+def _encode(r: int, s: int) -> bytes:
+    body = _der_integer(r) + _der_integer(s)
+    return b"\x30" + bytes([len(body)]) + body
+
+
+def _decode(signature: bytes) -> tuple[int, int]:
+    """``(r, s)`` of a DER ``Ecdsa-Sig-Value``, any valid DER spelling; SignatureError otherwise."""
+    sig = bytes(signature)
+    if len(sig) < 8 or len(sig) > 72 or sig[0] != 0x30 or sig[1] != len(sig) - 2:
+        raise SignatureError("an ECDSA signature must be a DER SEQUENCE of at most 72 bytes with a short-form length "
+                             "covering exactly the rest")
+    out, pos = [], 2
+    for name in ("r", "s"):
+        if pos + 2 > len(sig) or sig[pos] != 0x02 or sig[pos + 1] == 0 or sig[pos + 1] > 33 \
+                or pos + 2 + sig[pos + 1] > len(sig):
+            raise SignatureError(f"ECDSA signature: {name} is not a DER INTEGER of 1..33 bytes")
+        body = sig[pos + 2:pos + 2 + sig[pos + 1]]
+        if body[0] & 0x80:
+            raise SignatureError(f"ECDSA signature: {name} is negative")
+        out.append(int.from_bytes(body, "big"))
+        pos += 2 + len(body)
+    if pos != len(sig):
+        raise SignatureError("ECDSA signature: bytes after the two INTEGERs")
+    r, s = out
+    if not (1 <= r < P256_ORDER and 1 <= s < P256_ORDER):
+        raise SignatureError("ECDSA signature: r and s must lie in 1..n-1 (n: the P-256 group order)")
+    return r, s
+
+
+def signature_problem(signature: bytes) -> str | None:
+    """Why ``signature`` is not the canonical encoding :func:`verify` accepts (module
+    docstring), or None if it is. Pure; never raises."""
+    try:
+        r, s = _decode(signature)
+    except (SignatureError, TypeError) as exc:
+        return str(exc)
+    if s > _HALF_ORDER:
+        return ("ECDSA signature has a high S value (s > n/2); sealfl accepts only the low-S form of a signature "
+                "(re-sign it with this version of sealfl)")
+    if _encode(r, s) != bytes(signature):
+        return "ECDSA signature is not in minimal DER (an INTEGER carries a superfluous leading zero byte)"
+    return None
+
+
+def canonical_signature(signature: bytes) -> bytes:
+    """The canonical form of a valid-DER ECDSA signature: minimal DER, ``s`` replaced by
+    ``n - s`` when it is above n/2 (verifies exactly when the original does).
+
+    Raises:
+        SignatureError: not a DER ``Ecdsa-Sig-Value`` with ``r``, ``s`` in 1..n-1.
+    """
+    r, s = _decode(signature)
+    return _encode(r, P256_ORDER - s if s > _HALF_ORDER else s)
+
+
 def sign(private_key: ECC.EccKey, data: bytes) -> bytes:
-    """Sign ``data`` with ECDSA P-256 / SHA-256; return the DER-encoded signature (~70-72 bytes).
+    """Sign ``data`` with ECDSA P-256 / SHA-256; return the canonical (minimal DER, low-S)
+    signature (~70-72 bytes).
 
     Raises:
         KeyFormatError: ``private_key`` has no private part.
     """
     if not private_key.has_private():
         raise KeyFormatError("signing needs a private key; got a public key")
-    return DSS.new(private_key, "fips-186-3", encoding="der").sign(SHA256.new(data))
+    return canonical_signature(DSS.new(private_key, "fips-186-3", encoding="der").sign(SHA256.new(data)))
 
 
 def verify(public_key: ECC.EccKey, data: bytes, signature: bytes) -> bool:
-    """Return True iff ``signature`` (DER) is a valid ECDSA P-256/SHA-256 signature over ``data``.
+    """Return True iff ``signature`` is a canonical (:func:`signature_problem` is None) and
+    valid ECDSA P-256/SHA-256 signature over ``data``.
 
     Never raises on a bad or malformed signature; returns False instead.
     """
+    if signature_problem(signature) is not None:
+        return False
     try:
         DSS.new(public_key.public_key(), "fips-186-3", encoding="der").verify(
             SHA256.new(data), bytes(signature)

@@ -30,7 +30,8 @@ A quote, as produced by every :class:`sealfl.enclave.tee.interface.TEE` backend,
      "purpose": "release" | "challenge",
      "nonce": hex,                           # qualifying data (32 bytes, see above)
      "signature": base64(DER ECDSA P-256/SHA-256 by the attestation key (AK)
-                         over canonical_json(quote without "signature"))}
+                         over canonical_json(quote without "signature"));
+                         canonical low-S DER only: sealfl.attestation.keys)}
 
 Backends may add further fields; they are covered by the signature. Every field above is
 type-checked before use (:mod:`sealfl.common.fields`) and the signature is strict
@@ -316,9 +317,11 @@ def verify_quote(
     if backend == "tpm":
         message = _tpm_signed_bytes(quote, fields, pcrs, claimed_digest, nonce)
     if not _keys.verify(ak_public_key, message, signature):
+        problem = _keys.signature_problem(signature)
         raise QuoteError(
             "quote signature does not verify with the pinned attestation key "
             f"(keyid {_keys.keyid(ak_public_key)}); the quote comes from another TEE or was modified"
+            + (f" ({problem})" if problem else "")
         )
     if backend not in KNOWN_BACKENDS:
         raise fields.fail("backend", f"names unknown TEE backend {backend!r}")

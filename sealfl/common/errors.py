@@ -9,9 +9,12 @@ catches every deliberate error with one ``except``.
 
 from __future__ import annotations
 
+import re
+
 from sealfl._moved import moved_names_hook
 
-__all__ = ["SealflError", "Interrupted", "ProtocolError", "ProcessInfoError", "signal_name", "short_repr"]
+__all__ = ["SealflError", "Interrupted", "ProtocolError", "ProcessInfoError", "signal_name", "short_repr",
+           "plain_text"]
 
 
 class SealflError(Exception):
@@ -58,6 +61,21 @@ def short_repr(value, limit: int = 60) -> str:
     input (a config may hold a 400-digit int or a megabyte string)."""
     r = repr(value)
     return r if len(r) <= limit else r[:max(limit - 3, 1)] + "..."
+
+
+#: ECMA-48 control sequences (CSI ``ESC [ ... final``, OSC ``ESC ] ... BEL/ST``, two-byte ``ESC x``)
+_ESCAPES = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def plain_text(text: str, limit: int = 2000) -> str:
+    """Text another program wrote (a child's stderr, a tool's message), fit for a one-line
+    refusal: terminal escape sequences (ECMA-48: colours, cursor moves, window titles) and
+    other control characters removed, lines joined with `` | ``, cut to ``limit`` characters
+    (the end kept: that is where the error is)."""
+    lines = [ln.strip() for ln in _CONTROLS.sub("", _ESCAPES.sub("", str(text))).splitlines() if ln.strip()]
+    out = " | ".join(lines)
+    return out if len(out) <= limit else "..." + out[-(limit - 3):]
 
 
 __getattr__ = moved_names_hook(__name__)  # names moved out of this module in 0.2 (sealfl._moved)

@@ -14,6 +14,7 @@ __all__ = [
     "TEEError",
     "TEEStateError",
     "UnsealError",
+    "TPMError",
     "BootError",
     "RuntimeSandboxError",
     "ReleaseWriteError",
@@ -38,6 +39,27 @@ class TEEError(EnclaveError):
 
 class TEEStateError(TEEError):
     """A TEE state directory is missing, incomplete, has unsafe permissions or already exists."""
+
+
+class TPMError(TEEError):
+    """A tpm2-tools command failed on the TPM; the message says what the response code means
+    and what the operator does (:mod:`sealfl.enclave.tee.tpm_rc`).
+
+    Attributes:
+        command: the tpm2-tools command (``"tpm2_quote"``).
+        rc: the decoded :class:`~sealfl.enclave.tee.tpm_rc.TpmRc`, or None when the tool
+            printed no response code.
+    """
+
+    def __init__(self, message: str, *, command: str = "", rc=None) -> None:
+        super().__init__(message)
+        self.command = command
+        self.rc = rc
+
+    @property
+    def kind(self) -> str:
+        """The response code's kind (``"resources"``, ``"policy"``, ...; ``"other"`` without one)."""
+        return self.rc.kind if self.rc is not None else "other"
 
 
 class UnsealError(TEEError):
@@ -109,11 +131,13 @@ class KeyBrokerError(EnclaveError):
 
 class KeyRequestRefused(KeyBrokerError):
     """The broker refused a key request; ``check`` names the failed check (``nonce``,
-    ``request``, ``ak``, ``evidence``, ``policy``, ``key``, ``rate``)."""
+    ``request``, ``ak``, ``evidence``, ``policy``, ``key``, ``rate``); for ``rate``,
+    ``retry_after_s`` says when to ask again (seconds)."""
 
-    def __init__(self, message: str, *, check: str) -> None:
+    def __init__(self, message: str, *, check: str, retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.check = check
+        self.retry_after_s = retry_after_s
 
 
 __getattr__ = moved_names_hook(__name__)  # names moved out of this module in 0.2 (sealfl._moved)

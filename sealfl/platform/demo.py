@@ -86,7 +86,8 @@ def run_demo(out: Path, *, rounds: int = 10, ray_address: str | None = None, con
     console.rule("[bold]4. device: verify, measure, boot the sandboxed runtime, infer")
     t0 = time.perf_counter()
     per_device: dict[str, dict] = {}
-    with boot(trust_dir(cons), out / "release", out / "device-state") as dev:
+    # the demo's device runs the INSECURE sim TEE, asked for by name (a device never falls back to it)
+    with boot(trust_dir(cons), out / "release", out / "device-state", backend="sim") as dev:
         boot_s = time.perf_counter() - t0
         for part in load_partitions():
             p = np.asarray(dev.predict(part.x_test)).reshape(-1)

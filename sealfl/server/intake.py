@@ -33,13 +33,13 @@ records it in ``rounds.jsonl`` and goes on while ``min_partners`` remain.
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from sealfl.attestation import keys as _keys
 from sealfl.attestation.errors import KeyFormatError
 from sealfl.common import protocol as P
+from sealfl.common.errors import plain_text
 from sealfl.server.errors import ReplyError, ServerError
 
 log = logging.getLogger(__name__)
@@ -168,14 +168,12 @@ def _claimed_name(content: Any) -> str:
     return name
 
 
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
-
-
 def error_reason(reason: Any, limit: int = 300) -> str:
     """One line of an error reply's reason for logs and ``rounds.jsonl``: Flower's simulation
     puts a ClientApp's whole traceback there, coloured; keep its last line (the exception),
-    without terminal escape codes, at most ``limit`` characters."""
-    lines = [ln.strip() for ln in _ANSI.sub("", str(reason)).splitlines() if ln.strip()]
+    without terminal escape codes (:func:`sealfl.common.errors.plain_text`), at most
+    ``limit`` characters."""
+    lines = plain_text(str(reason), 1 << 20).split(" | ")
     text = lines[-1] if lines else ""
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

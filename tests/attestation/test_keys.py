@@ -45,3 +45,51 @@ def test_sign_verify_never_raises_on_bad_signature():
     assert not keys.verify(keys.generate_key().public_key(), b"data", sig)
     assert not keys.verify(key.public_key(), b"data", b"\x00garbage")
     assert not keys.verify(key.public_key(), b"data", b"")
+
+
+def _der_int(v: int) -> bytes:
+    body = v.to_bytes((v.bit_length() + 8) // 8, "big")
+    return b"\x02" + bytes([len(body)]) + body
+
+
+def _der_sig(r: int, s: int) -> bytes:
+    body = _der_int(r) + _der_int(s)
+    return b"\x30" + bytes([len(body)]) + body
+
+
+def _rs(sig: bytes) -> tuple[int, int]:
+    """(r, s) by pycryptodome's own DER reader: an oracle independent of sealfl's."""
+    from Crypto.Util.asn1 import DerSequence
+
+    seq = DerSequence().decode(sig)
+    return int(seq[0]), int(seq[1])
+
+
+# SEC 2 v2 §2.4.2: the order of the P-256 base point, written out from the standard
+N = int("FFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551", 16)
+
+
+def test_kind_malleable_signature_encodings_are_refused():
+    from Crypto.Hash import SHA256
+    from Crypto.Signature import DSS
+
+    key = keys.generate_key()
+    for i in range(64):  # about half of raw ECDSA signatures have a high S
+        sig = keys.sign(key, b"msg %d" % i)
+        r, s = _rs(sig)
+        assert s <= N // 2 and keys.verify(key.public_key(), b"msg %d" % i, sig)
+        flipped = _der_sig(r, N - s)
+        # the flipped signature is mathematically valid: the library's own verifier accepts it ...
+        DSS.new(key.public_key(), "fips-186-3", encoding="der").verify(SHA256.new(b"msg %d" % i), flipped)
+        # ... sealfl accepts one encoding per signature only
+        assert not keys.verify(key.public_key(), b"msg %d" % i, flipped)
+        assert "high S" in keys.signature_problem(flipped)
+        assert keys.canonical_signature(flipped) == sig
+    r, s = _rs(sig)
+    padded_r = b"\x02" + bytes([len(_der_int(r)) - 1]) + b"\x00" + _der_int(r)[2:]  # a superfluous leading zero
+    for bad in (b"\x30" + bytes([len(padded_r + _der_int(s))]) + padded_r + _der_int(s),
+                b"\x30\x81" + bytes([len(sig) - 2]) + sig[2:],  # long-form length (BER, not DER)
+                sig + b"\x00",  # trailing byte
+                _der_sig(r, 0), _der_sig(N, s)):  # out of range
+        assert not keys.verify(key.public_key(), b"msg 63", bad)
+        assert keys.signature_problem(bad) is not None

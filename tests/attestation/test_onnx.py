@@ -134,7 +134,7 @@ def test_kind_signed_model_with_external_data_is_refused_by_verify_and_boot(trus
     assert "'W'" in str(info.value) and "'../../etc/hostname'" in str(info.value)
     release = write_signed_release(enclave, tmp_path / "r", payload, "heart-mlp", 4, {"model_file": MODEL_FILE})
     with pytest.raises(BootError) as boot_info:
-        boot(trust_dir, release, tmp_path / "device")
+        boot(trust_dir, release, tmp_path / "device", backend="sim")
     assert (boot_info.value.reason, boot_info.value.file, boot_info.value.check) == ("verification", MODEL_FILE,
                                                                                     "onnx")
     assert read_device_state(tmp_path / "device").last_good is None

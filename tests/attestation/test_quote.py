@@ -151,3 +151,16 @@ def test_kind_quote_signature_base64_is_strict():
     for sig in _variants_of(quote["signature"]) + _nonzero_pad_bits(quote["signature"]):
         with pytest.raises(QuoteError, match="Base64"):
             verify_quote(dict(quote, signature=sig), ak.public_key(), "challenge", b"n" * 32, {16: pcr_after([D1])})
+
+
+def test_kind_a_quote_signature_rewritten_to_high_s_is_refused():
+    from Crypto.Util.asn1 import DerSequence
+
+    ak = keys.generate_key()
+    quote = _quote(ak)
+    seq = DerSequence().decode(base64.b64decode(quote["signature"]))
+    n = int("FFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551", 16)  # SEC 2 §2.4.2
+    flipped = DerSequence([int(seq[0]), n - int(seq[1])]).encode()
+    with pytest.raises(QuoteError, match="high S"):
+        verify_quote(dict(quote, signature=base64.b64encode(flipped).decode()), ak.public_key(), "challenge",
+                     b"n" * 32, {})

@@ -162,9 +162,9 @@ def test_device_commands_load_only_measured_code(tmp_path, enclave):
     enclave.write_release(release, default_payload(), "heart-mlp", 1, {"model_file": MODEL_FILE})
     state = tmp_path / "state"
     runs = {
-        "boot": (["device", "boot", "--trust", trust, "--release", release, "--state", state], 0),
+        "boot": (["device", "boot", "--trust", trust, "--release", release, "--state", state, "--tee", "sim"], 0),
         "generate": (["device", "generate", "--trust", trust, "--release", release, "--state", state, "--prompt",
-                      "hi"], 1),
+                      "hi"], 2),
         "serve": (["device", "serve", "--trust", trust, "--release", release, "--state", state, "--port", "0"], 2),
         "attest": (["device", "attest", "--state", state, "--nonce", "00ff"], 0),
         "verify": (["verify", "--trust", trust, release], 0),

@@ -137,7 +137,7 @@ def test_device_outputs_equal_direct_onnxruntime(built, tmp_path):
     int8 = (built["root"] / "release" / MODEL_FILE).read_bytes()
     x = np.concatenate([p.x_test for p in load_partitions()]).astype(np.float32)
     direct = ort.InferenceSession(int8, providers=["CPUExecutionProvider"]).run(None, {"features": x})[0]
-    with boot(trust_dir(built["cons"]), built["root"] / "release", tmp_path / "dev") as dev:
+    with boot(trust_dir(built["cons"]), built["root"] / "release", tmp_path / "dev", backend="sim") as dev:
         on_device = dev.predict(x)
         assert dev.release.version == 2
     np.testing.assert_array_equal(np.asarray(on_device), direct)
@@ -195,7 +195,7 @@ def test_device_boot_cli_keeps_last_good_and_exits_3(built, tmp_path):
     rows = tmp_path / "rows.csv"
     rows.write_text("\ufeffage,sex,trestbps,chol,fbs,thalch,exang,oldpeak,cp1,cp2,cp3,r1,r2\n"  # with a BOM
                     + "\n".join(",".join(f"{v:g}" for v in r) for r in part.x_test[:5]), encoding="utf-8")
-    r = _cli("device", "boot", "-t", trust, "-r", good, "-s", state, "--input", rows)
+    r = _cli("device", "boot", "-t", trust, "-r", good, "-s", state, "--input", rows, "--tee", "sim")
     assert r.returncode == 0, r.stderr
     got = [float(v) for v in r.stdout.split()[-5:]]
     want = ort.InferenceSession((good / MODEL_FILE).read_bytes()).run(None, {"features": part.x_test[:5]})[0]
@@ -210,25 +210,29 @@ def test_device_boot_cli_keeps_last_good_and_exits_3(built, tmp_path):
     assert last_good["root_digest"] == built["res"].summary["root_digest"]
 
 
-@pytest.mark.parametrize("content, words", [
-    ("1,2,3\n", "3 columns"),
-    (",".join(["1"] * 12 + ["nan"]) + "\n", "NaN"),
+@pytest.mark.parametrize("content, words, code", [
+    # a malformed file is refused before anything boots (1: nothing runs, nothing recorded) ...
+    (",".join(["1"] * 12 + ["nan"]) + "\n", "NaN", 1),
     (",".join(f"c{i}" for i in range(13)) + "\n" + ",".join(["1"] * 13) + "\nx," + ",".join(["1"] * 12) + "\n",
-     "non-numeric"),
-    ("63,1,14S," + ",".join(["1"] * 10) + "\n" + ",".join(["1"] * 13) + "\n", "non-numeric"),  # typo, not a header
-    ("age,sex\n" + ",".join(["1"] * 13) + "\n", "header has 2 columns"),
-    (",".join(["1"] * 12 + ["1e39"]) + "\n", "float32"),
-    ("", "no data rows"),
+     "non-numeric", 1),
+    ("63,1,14S," + ",".join(["1"] * 10) + "\n" + ",".join(["1"] * 13) + "\n", "non-numeric", 1),  # typo, no header
+    ("age,sex\n" + ",".join(["1"] * 13) + "\n", "header has 2 columns", 1),
+    (",".join(["1"] * 12 + ["1e39"]) + "\n", "float32", 1),
+    ("", "no data rows", 1),
+    # ... rows that do not fit the verified release are refused after it booted (5: it runs, nothing scored)
+    ("1,2,3\n", "the rows have 3 columns, release heart-risk takes 13", 5),
     # the hardening issue's example: another patient's implausible chol is refused by name
-    ("63,1,145,233,1,150,0,2.3,0,0,1,0,0\n63,1,145,100000,1,150,0,2.3,0,0,1,0,0\n", "row 2, column 'chol'"),
+    ("63,1,145,233,1,150,0,2.3,0,0,1,0,0\n63,1,145,100000,1,150,0,2.3,0,0,1,0,0\n", "row 2, column 'chol'", 5),
 ])
-def test_device_boot_cli_rejects_bad_input_rows(built, tmp_path, content, words):
+def test_kind_bad_input_rows_are_refused_and_the_exit_code_says_what_runs(built, tmp_path, content, words, code):
     f = tmp_path / "in.csv"
     f.write_text(content)
+    state = tmp_path / "s"
     r = _cli("device", "boot", "-t", trust_dir(built["cons"]), "-r", built["root"] / "release",
-             "-s", tmp_path / "s", "--input", f)
-    assert r.returncode == 1
+             "-s", state, "--input", f, "--tee", "sim")
+    assert r.returncode == code, r.stderr
     assert words in " ".join(r.stderr.split()) and "Traceback" not in r.stderr
+    assert (state / "state.json").exists() == (code == 5)  # exit 1: nothing was booted or recorded
 
 
 def test_kind_gate_scores_candidates_the_way_the_device_runs_them(built, tmp_path):
@@ -241,7 +245,7 @@ def test_kind_gate_scores_candidates_the_way_the_device_runs_them(built, tmp_pat
     int8 = (built["root"] / "release" / MODEL_FILE).read_bytes()
     part = load_partitions()[1]
     partner_view = onnx_predict(int8, part.x_test)
-    with boot(trust_dir(built["cons"]), built["root"] / "release", tmp_path / "dev") as dev:
+    with boot(trust_dir(built["cons"]), built["root"] / "release", tmp_path / "dev", backend="sim") as dev:
         device_view = np.asarray(dev.predict(part.x_test)).reshape(-1)
     np.testing.assert_array_equal(partner_view, device_view)
     r = evaluate_onnx(part.name, int8)

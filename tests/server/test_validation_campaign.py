@@ -230,3 +230,42 @@ def test_kind_evaluate_n_must_stay_the_same_across_rounds(consortium, tmp_path, 
     grid.on_round = second_round_lies
     recs, _, _ = _run(consortium, tmp_path, rounds=2, grid=grid)
     assert f"100 test rows, but this partner reported {N_TEST[S]} before" in recs[1]["eval_rejected"][S]
+
+
+def test_kind_plaintext_candidates_go_only_to_nodes_bound_to_a_partner(consortium, server_identity):
+    """The release gate's query carries the fp32/INT8 models in plaintext: of six connected
+    nodes, the four proven partners get them; a node no partner is bound to (an unknown
+    partition, a stranger claiming a partner's name with a signature that does not verify)
+    gets only the binding round's statistics query -- and no model."""
+    from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+
+    from sealfl.clients.heart.stats import local_sums, mean_std
+    from sealfl.common import protocol as P
+    from sealfl.server.eval_app import run_gate_query
+    from tests.support import faults_partner
+
+    cons, _ = consortium
+    parts = load_partitions()
+    mean, std = mean_std(sum(local_sums(p.x_train) for p in parts))
+    model = HeartTask().to_onnx(np.zeros(14), mean, std)
+    stranger_node = 101 + 7 * 5
+
+    def handler(msg, ctx):
+        if ctx.node_id == stranger_node:  # claims to be Cleveland; cannot sign as Cleveland
+            return Message(RecordDict({P.PARTNER: ConfigRecord({P.NAME: C, P.SIGNATURE: b"\x30\x06\x02\x01\x01\x02"
+                                                                                        b"\x01\x01"}),
+                                       P.METRICS: MetricRecord({P.NUM_EXAMPLES: 10})}), reply_to=msg)
+        return faults_partner.reply(msg, ctx, str(cons.dir))
+
+    grid = FakeGrid(str(cons.dir), 6, handler=handler)  # partitions 4 and 5 are no partner of the consortium
+    result = run_gate_query(grid, {"fp32": model, "int8": model}, len(cons.partners), 30.0,
+                            partners=list(cons.partners), partner_keys=partner_public_keys(cons),
+                            context_id=bytes.fromhex(cons.context_id), expected_n=N_TEST)
+    partner_nodes = set(grid.node_ids[:4])
+    with_models = [m.metadata.dst_node_id for m in grid.sent if P.CANDIDATES in m.content]
+    assert sorted(with_models) == sorted(partner_nodes)  # each partner once, nobody else
+    assert {m.metadata.dst_node_id for m in grid.sent} == set(grid.node_ids)  # all were asked who they are
+    assert sorted(result["per_partner"]) == sorted(HOSPITALS)
+    assert set(result["sent_to"].values()) == partner_nodes
+    stranger, unknown = f"{C}? (node-{stranger_node})", f"node-{grid.node_ids[4]}"
+    assert "does not verify" in result["failed"][stranger] and "partition-id" in result["failed"][unknown]

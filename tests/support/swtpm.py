@@ -57,6 +57,16 @@ def _listening(port: int) -> bool:
         return False
 
 
+def _exited(pid: int) -> bool:
+    """True once ``pid`` has exited. swtpm daemonises, so its parent is PID 1, which may reap
+    it seconds later: a zombie (state ``Z`` in /proc) has exited too."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
 class SwTPM:
     """A running swtpm: ``tcti`` string, ``pid``, ``state`` directory."""
 
@@ -68,7 +78,13 @@ class SwTPM:
         self.state.mkdir(parents=True, exist_ok=True)
         self.port = _free_port_pair()
         self.ctrl = self.port + 1
+        self.start()
+        self.tcti = f"swtpm:host=127.0.0.1,port={self.port}"
+
+    def start(self) -> None:
+        """Start swtpm on this TPM state and these ports (a TPM power-on: PCRs reset)."""
         pidfile = self.state / "swtpm.pid"
+        pidfile.unlink(missing_ok=True)
         subprocess.run(
             ["swtpm", "socket", "--tpm2", "--tpmstate", f"dir={self.state}",
              "--server", f"type=tcp,bindaddr=127.0.0.1,port={self.port}",
@@ -79,7 +95,16 @@ class SwTPM:
         _wait(lambda: pidfile.exists() and pidfile.read_text().strip().isdigit(), "no pid file")
         self.pid = int(pidfile.read_text().strip())
         _wait(lambda: _listening(self.port), f"port {self.port} not listening")
-        self.tcti = f"swtpm:host=127.0.0.1,port={self.port}"
+
+    def restart(self) -> None:
+        """Power-cycle the TPM (stop, start on the same state: e.g. after ``tpm2_pcrallocate``)."""
+        self.stop()
+        self.start()
+
+    def tools(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        """Run a tpm2-tools command against this TPM, as other software on the machine would."""
+        return subprocess.run(list(args), env={**os.environ, "TPM2TOOLS_TCTI": self.tcti}, capture_output=True,
+                              text=True, timeout=_DEADLINE_S, check=check)
 
     def stop(self) -> None:
         try:
@@ -87,13 +112,7 @@ class SwTPM:
         except ProcessLookupError:
             return
 
-        def gone() -> bool:
-            try:
-                os.kill(self.pid, 0)
-                return False
-            except ProcessLookupError:
-                return True
-        _wait(gone, f"pid {self.pid} did not exit")
+        _wait(lambda: _exited(self.pid), f"pid {self.pid} did not exit")
 
 
 @pytest.fixture

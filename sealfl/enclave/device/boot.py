@@ -6,14 +6,17 @@
 2. read the device's trusted state (``state_dir/state.json``: its rollback floor and last
    good release; :class:`~sealfl.attestation.device_state.DeviceState`);
 3. open the device TEE in ``state_dir/tee`` (:func:`~sealfl.enclave.device.provision.open_device_tee`:
-   provisioned implicitly only on a fresh device; missing or foreign TEE state is refused),
+   provisioned implicitly only on a fresh device asked to run the ``sim`` simulation; missing
+   or foreign TEE state is refused),
    PCRs reset, i.e. a reboot; read its rollback floor; start a new event log and extend
    :func:`~sealfl.enclave.measurement.measure_device_runtime` and the configuration
    (:func:`~sealfl.enclave.device.evidence.measure_config`) into PCR 16 (:mod:`sealfl.enclave.device.evidence`);
 4. read and verify the release directory with
    :func:`~sealfl.attestation.reader.load_release`: the signed documents first under tight
    caps, then each listed file no further than its signed size + 1 byte; an unlisted file is
-   never opened; versions are checked against the device state and the policy;
+   never opened; versions are checked against the device state, the policy and the TEE
+   floor (:func:`boot_last_good` finds the floor's release among the slots when
+   ``state.json`` is gone or older: :mod:`sealfl.enclave.device.recover`);
 5. extend the verified root digest into PCR 23 (a ``release-root`` event);
 6. start :class:`~sealfl.enclave.sandbox.runtime.SandboxedRuntime` with the verified bytes of the
    model file (``metadata["model_file"]``, else the single ``.onnx`` payload file);
@@ -23,6 +26,8 @@
 8. record the release crash-consistently (:func:`sealfl.enclave.device.slots.commit`): a private
    copy of the verified bytes in a new ``state_dir/slots/<name>``, then ``state.json``
    (:meth:`DeviceState.accept`), then removal of older slots; then the TEE floor is raised.
+   A release is identified by what was signed (its statement digest): booting the last good
+   release again -- whatever its envelope's bytes -- keeps its slot and ``state.json``.
 
 Any failure raises :class:`BootError` (for a new release, also recorded in
 ``state_dir/last_refused.json``: reason, file, check, message, time); ``state.json`` then
@@ -45,7 +50,7 @@ import numpy as np
 
 from sealfl.attestation.config import DEFAULT_CONFIG, VerifyConfig
 from sealfl.attestation.device_state import STATE_FILE, STATE_SCHEMA, DeviceState, LastGood
-from sealfl.attestation.errors import CanaryError, DeviceStateError, TrustAnchorError, VerificationError
+from sealfl.attestation.errors import DeviceStateError, TrustAnchorError, VerificationError
 from sealfl.attestation.quote import CHALLENGE_PURPOSE
 from sealfl.attestation.reader import load_release
 from sealfl.attestation.trust import load_trust_anchors
@@ -54,14 +59,15 @@ from sealfl.common.fsutil import atomic_write, ensure_private_dir
 from sealfl.enclave import measurement as _measure
 from sealfl.enclave.device import evidence as _measured
 from sealfl.enclave.device import slots as _slots
-from sealfl.enclave.device.acceptance import input_spec_of, run_canary
+from sealfl.enclave.device.acceptance import input_spec_of
 from sealfl.enclave.device.at_rest import KeySource, open_payload
 from sealfl.enclave.device.doctor import check_release_requirements
 from sealfl.enclave.device.inputs import check_rows
 from sealfl.enclave.device.llm_boot import boot_llm, is_llm_release
-from sealfl.enclave.device.provision import open_device_tee
-from sealfl.enclave.errors import BootError, EnclaveError, InputSpecError, RuntimeSandboxError, TEEStateError
-from sealfl.enclave.sandbox.runtime import SandboxedRuntime
+from sealfl.enclave.device.provision import TEE_DIR, open_device_tee, recorded_backend
+from sealfl.enclave.device.recover import last_good_source
+from sealfl.enclave.device.tabular_boot import Prestarted, model_file_of, start_tabular
+from sealfl.enclave.errors import BootError, EnclaveError, TEEError, TEEStateError
 from sealfl.enclave.tee.interface import TEE
 
 __all__ = ["STATE_FILE", "STATE_SCHEMA", "BootedDevice", "select_model_file", "read_device_state",
@@ -71,10 +77,6 @@ log = logging.getLogger(__name__)
 
 #: Why the last new release was refused (reason, file, check, message, time), in the state dir.
 REFUSAL_FILE = "last_refused.json"
-
-_NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(double)": np.float64,
-                "tensor(int64)": np.int64, "tensor(int32)": np.int32}
-
 
 class BootedDevice:
     """A device running a verified release in a sandboxed runtime.
@@ -166,18 +168,7 @@ def select_model_file(release: VerifiedRelease) -> str:
         BootError: (reason ``"model"``) there is no ``model_file`` metadata and not exactly
             one ``.onnx`` payload file.
     """
-    return _model_file(release.metadata, release.payload)
-
-
-def _model_file(metadata: Mapping, names) -> str:
-    named = metadata.get("model_file")
-    if isinstance(named, str) and named in names:
-        return named
-    onnx_files = sorted(p for p in names if p.endswith(".onnx"))
-    if len(onnx_files) != 1:
-        raise BootError(f"release has {len(onnx_files)} .onnx files {onnx_files}; set metadata "
-                        "'model_file' when publishing", reason="model")
-    return onnx_files[0]
+    return model_file_of(release.metadata, release.payload)
 
 
 def read_device_state(state_dir: str | os.PathLike) -> DeviceState:
@@ -194,18 +185,6 @@ def read_device_state(state_dir: str | os.PathLike) -> DeviceState:
         raise BootError(str(exc), reason="state") from exc
 
 
-def _health_check(runtime: SandboxedRuntime) -> None:
-    runtime.health_check()
-    first = runtime.inputs[0] if runtime.inputs else None
-    if first is None or first["type"] not in _NUMPY_TYPES:
-        return
-    shape = [d if isinstance(d, int) and d > 0 else 1 for d in first["shape"]]
-    outputs = runtime.run({first["name"]: np.zeros(shape, dtype=_NUMPY_TYPES[first["type"]])})
-    for name, out in zip(runtime.output_names, outputs):
-        if np.issubdtype(out.dtype, np.floating) and not np.all(np.isfinite(out)):
-            raise RuntimeSandboxError(f"output {name!r} is not finite on an all-zero input")
-
-
 def _record(state_root: Path, state: DeviceState, release: VerifiedRelease, source: Path,
             model_file: str) -> DeviceState:
     """Step 8 of the module docstring (crash-consistent; see :mod:`sealfl.enclave.device.slots`)."""
@@ -220,60 +199,27 @@ def _record(state_root: Path, state: DeviceState, release: VerifiedRelease, sour
 
 def _boot(trust_dir, release_dir, state_dir, **kw) -> BootedDevice:
     """Serialise boots of one device: two concurrent boots could otherwise both pass the
-    rollback check and the older one could record its version last."""
-    state_root = ensure_private_dir(Path(state_dir).resolve())
-    with open(state_root / ".lock", "a+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            with _Prestarted(kw.get("runtime_options"), kw.get("variant") is None) as pre:
-                return _boot_locked(trust_dir, release_dir, state_root, prestarted=pre, **kw)
-        except BootError as exc:
-            if release_dir is not None:
-                _record_refusal(state_root, release_dir, exc)
-            raise
-
-
-class _Prestarted:
-    """A tabular runtime child started before verification (:meth:`SandboxedRuntime.prestart`):
-    its sandbox set-up and onnxruntime import (~0.3 s) overlap reading and verifying the
-    release; it gets the model only once the release is verified (:meth:`take`), and is
-    stopped on leaving the ``with`` block if nobody took it (a refused or LLM release).
-    A child that cannot be prestarted is not an error here: the runtime is then started
-    after verification as before, and reports its own failure."""
-
-    def __init__(self, runtime_options, wanted: bool = True):
-        self._rt = None
-        if wanted:
+    rollback check and the older one could record its version last. An ``OSError`` of the
+    state directory anywhere in the boot is a :class:`BootError` (reason ``"state"``)."""
+    try:
+        state_root = ensure_private_dir(Path(state_dir).resolve())
+        with open(state_root / ".lock", "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
             try:
-                self._rt = SandboxedRuntime.prestart(**dict(runtime_options or {}))
-            except RuntimeSandboxError as exc:
-                log.debug("could not prestart the runtime child (%s); starting it after verification", exc)
-
-    def stage(self, signed, payload) -> None:
-        """``load_release``'s ``on_payload``: stage the model file the *signed* metadata names
-        for the child while its hash and ONNX checks still run
-        (:meth:`SandboxedRuntime.stage`; nothing is parsed before it is verified). Skipped
-        for LLM releases and releases encrypted at rest (their model bytes exist only
-        later). Never raises."""
-        if self._rt is None or is_llm_release(signed.metadata) or signed.metadata.get("at_rest"):
-            return
-        try:
-            self._rt.stage(payload[_model_file(signed.metadata, payload)])
-        except Exception as exc:  # noqa: BLE001 -- staging only saves time; boot goes on without it
-            log.debug("not staging the model ahead of verification: %s", exc)
-
-    def take(self):
-        """The prestarted runtime (once), or None."""
-        rt, self._rt = self._rt, None
-        return rt
-
-    def __enter__(self) -> "_Prestarted":
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        rt = self.take()
-        if rt is not None:
-            rt.close()
+                wanted = kw.get("variant") is None and not kw.get("require_llm")
+                with Prestarted(kw.get("runtime_options"), wanted) as pre:
+                    try:
+                        return _boot_locked(trust_dir, release_dir, state_root, prestarted=pre, **kw)
+                    except OSError as exc:
+                        raise BootError(f"device boot failed on a file operation: {exc}; check the state "
+                                        f"directory {state_root} (space, permissions, a file where a directory "
+                                        "belongs)", reason="state") from exc
+            except BootError as exc:
+                if release_dir is not None:
+                    _record_refusal(state_root, release_dir, exc)
+                raise
+    except OSError as exc:
+        raise BootError(f"cannot use the device state directory {state_dir}: {exc}", reason="state") from exc
 
 
 def _record_refusal(state_root: Path, release_dir, exc: BootError) -> None:
@@ -295,48 +241,60 @@ def _same_release(release: VerifiedRelease, last: LastGood) -> bool:
 def _boot_locked(trust_dir, release_dir, state_root: Path, *, backend: str | None,
                  runtime_options: Mapping[str, Any] | None, config: VerifyConfig,
                  variant: str | None = None, key_source: KeySource | None = None,
-                 prestarted: _Prestarted | None = None) -> BootedDevice:
-    """Boot ``release_dir`` and record it; ``release_dir=None`` boots the recorded last good
-    release from its slot without recording anything."""
+                 prestarted: Prestarted | None = None, require_llm: bool = False) -> BootedDevice:
+    """Boot ``release_dir`` and record it; ``release_dir=None`` boots the last good release
+    from its slot (:mod:`sealfl.enclave.device.recover`), recording nothing unless
+    ``state.json`` had to be rebuilt from the TEE floor."""
     try:
         trust = load_trust_anchors(trust_dir)
     except TrustAnchorError as exc:
         raise BootError(f"cannot load trust anchors: {exc}", reason="trust") from exc
     state = read_device_state(state_root)
-    record, expect = release_dir is not None, None
-    if release_dir is None:
-        expect = state.last_good
-        if expect is None:
-            raise BootError(f"no last good release recorded in {state_root / STATE_FILE}; boot a release first",
-                            reason="state")
-        release_dir = _slots.slot_path(state_root, expect.slot)
+    record = release_dir is not None
+    if release_dir is None and state.last_good is None and recorded_backend(state_root / TEE_DIR) is None:
+        raise BootError(f"no last good release recorded in {state_root / STATE_FILE}; boot a release first",
+                        reason="state")
     try:
         tee = open_device_tee(state_root, backend)
         floor = tee.read_floor()
     except TEEStateError as exc:
         raise BootError(f"device TEE state refused: {exc}", reason="tee-state") from exc
+    except TEEError as exc:
+        raise BootError(f"cannot open the device TEE: {exc}", reason="tee") from exc
     try:
         _measured.begin(state_root)
         _measured.record(tee, state_root, "runtime-code", _measure.measure_device_runtime(), "sealfl runtime")
         _measured.record(tee, state_root, "config", _measured.measure_config(trust_dir), str(trust_dir))
     except (EnclaveError, OSError) as exc:
         raise BootError(f"cannot open the device TEE or measure the runtime: {exc}", reason="tee") from exc
+    source = None
+    if release_dir is None:
+        source = last_good_source(state_root, state, floor, trust, config)
+        release_dir = source.path
     release_path = Path(release_dir).resolve()
     try:
-        release = load_release(release_path, trust, state=state, config=config,
-                               on_payload=prestarted.stage if prestarted is not None else None)
-    except VerificationError as exc:
-        raise BootError(f"release in {release_path} refused: {exc}", reason="verification",
-                        file=exc.file, check=exc.check) from exc
-    try:
+        release = source.release if source is not None and source.release is not None else load_release(
+            release_path, trust, state=state, config=config,
+            on_payload=prestarted.stage if prestarted is not None else None)
         floor.check(release.version, release.statement_digest)
     except VerificationError as exc:
         raise BootError(f"release in {release_path} refused: {exc}", reason="verification",
                         file=exc.file, check=exc.check) from exc
+    expect = source.expect if source is not None else None
     if expect is not None and not _same_release(release, expect):
         raise BootError(f"release in {release_path} (root digest {release.root_digest}) is not the recorded "
                         f"last good release (root digest {expect.root_digest}); the directory was replaced",
                         reason="verification", file=str(release_path), check="root-digest")
+    if require_llm and not is_llm_release(release.metadata):
+        raise BootError(f"release {release.name} v{release.version} in {release_path} is not a causal language "
+                        "model; this command serves language models (boot it with 'sealfl device boot')",
+                        reason="model")
+    if record and state.last_good is not None and _same_release(release, state.last_good) \
+            and _slots.slot_path(state_root, state.last_good.slot).is_dir():
+        record = False  # the same signed release again: its slot and state.json stay as they are
+        log.info("%s v%d is the last good release (same signed statement); its slot is kept", release.name,
+                 release.version)
+        _slots.prune_slots(state_root, keep=state.last_good.slot)  # leftovers of an interrupted update
     try:
         _measured.record(tee, state_root, "release-root", bytes.fromhex(release.root_digest),
                          f"{release.name} v{release.version}")
@@ -350,14 +308,19 @@ def _boot_locked(trust_dir, release_dir, state_root: Path, *, backend: str | Non
         model_file = llm.model_file
     else:
         model_file = select_model_file(release)
-        runtime = _start_tabular(release, model_file, runtime_options, payload,
+        runtime = start_tabular(release, model_file, runtime_options, payload,
                                  prestarted.take() if prestarted is not None else None)
-    if record:
-        try:
+    try:
+        if record:
             _record(state_root, state, release, release_path, model_file)
-        except (OSError, DeviceStateError) as exc:
-            runtime.close()
-            raise BootError(f"cannot record {STATE_FILE}: {exc}", reason="state") from exc
+        elif source is not None and source.recovered is not None:
+            _slots.write_state(state_root, DeviceState().accept(
+                name=release.name, version=release.version, root_digest=release.root_digest,
+                statement_digest=release.statement_digest, slot=source.recovered, source_dir=str(release_path),
+                model_file=model_file))
+    except (OSError, DeviceStateError) as exc:
+        runtime.close()
+        raise BootError(f"cannot record {STATE_FILE}: {exc}", reason="state") from exc
     try:  # after state.json: a crash in between leaves the TEE floor lower, never above the slot;
         # booting the last good release raises it too, so such a gap closes on the next boot
         raised = floor.raised(release.version, release.statement_digest)
@@ -371,37 +334,10 @@ def _boot_locked(trust_dir, release_dir, state_root: Path, *, backend: str | Non
     return BootedDevice(release, model_file, runtime, tee, release_path, llm, stats)
 
 
-def _start_tabular(release: VerifiedRelease, model_file: str, runtime_options, payload,
-                   prestarted: SandboxedRuntime | None = None) -> SandboxedRuntime:
-    """Start the tabular runtime on ``payload[model_file]`` (decrypted if the release is
-    encrypted at rest) -- in ``prestarted`` if given -- and accept it: health check, input
-    spec, signed canary."""
-    try:
-        if prestarted is not None:
-            runtime = prestarted.load(payload[model_file])
-        else:
-            runtime = SandboxedRuntime(payload[model_file], **dict(runtime_options or {}))
-    except RuntimeSandboxError as exc:
-        raise BootError(f"cannot start the runtime for {model_file}: {exc}", reason="runtime") from exc
-    try:
-        _health_check(runtime)
-        input_spec_of(release.metadata)
-        run_canary(runtime, release.metadata)
-    except (RuntimeSandboxError, InputSpecError) as exc:
-        runtime.close()
-        raise BootError(f"health check of {release.name} v{release.version} failed: {exc}",
-                        reason="health-check") from exc
-    except CanaryError as exc:
-        runtime.close()
-        raise BootError(f"release {release.name} v{release.version} fails its signed canary on this device: {exc}",
-                        reason="canary") from exc
-    return runtime
-
-
 def boot(trust_dir: str | os.PathLike, release_dir: str | os.PathLike, state_dir: str | os.PathLike, *,
          backend: str | None = None, runtime_options: Mapping[str, Any] | None = None,
          config: VerifyConfig = DEFAULT_CONFIG, variant: str | None = None,
-         key_source: KeySource | None = None) -> BootedDevice:
+         key_source: KeySource | None = None, require_llm: bool = False) -> BootedDevice:
     """Boot the release in ``release_dir`` (steps in the module docstring).
 
     Args:
@@ -409,21 +345,27 @@ def boot(trust_dir: str | os.PathLike, release_dir: str | os.PathLike, state_dir
         release_dir: release directory to verify and run.
         state_dir: device state (``tee/``, ``state.json``, ``slots/``); created with mode 0700.
         backend: device TEE backend (``"sim"``, ``"tpm"``), or None (default) for the one
-            provisioned in ``state_dir/tee`` (``"sim"`` on a fresh device;
-            :mod:`sealfl.enclave.device.provision`).
+            provisioned in ``state_dir/tee``. A fresh device is provisioned implicitly only
+            with ``backend="sim"`` (tests, demos); otherwise it needs
+            :func:`~sealfl.enclave.device.provision.provision` first.
         runtime_options: keyword arguments for :class:`SandboxedRuntime` (e.g. ``timeout_s``).
         config: read caps (:class:`~sealfl.attestation.config.VerifyConfig`).
         variant: model variant of a causal-LM release (default: the release's
             ``default_variant``; see :mod:`sealfl.enclave.device.llm_boot`).
         key_source: for a release encrypted at rest, ``(tee, state_root) -> (root, key)``
             (:func:`sealfl.enclave.device.kbs_client.broker_key_source`; :mod:`sealfl.enclave.device.at_rest`).
+        require_llm: refuse (reason ``"model"``), right after verification and before any
+            runtime starts, a release that is not a causal language model.
 
     Returns:
         a :class:`BootedDevice` (close it when done).
 
     Raises:
-        BootError: ``reason`` is ``"trust"``, ``"state"``, ``"tee-state"`` (TEE state missing on a
-            device with history, or bound to another AK: re-provision on purpose), ``"tee"``,
+        BootError: ``reason`` is ``"trust"``, ``"state"`` (also for a failed file operation
+            in the state directory), ``"tee-state"`` (no TEE state: a fresh device not
+            provisioned, or a device with history; or bound to another AK: (re-)provision on
+            purpose), ``"tee"`` (the TEE cannot be opened or measured: the message says what
+            the TPM reported and what to do),
             ``"verification"`` (also for a version below the TEE-held floor, check ``rollback``),
             ``"requirements"`` (the release's signed hardware requirements are not met:
             :mod:`sealfl.enclave.device.doctor`), ``"key"`` (an at-rest release got no key)
@@ -432,22 +374,25 @@ def boot(trust_dir: str | os.PathLike, release_dir: str | os.PathLike, state_dir
             verifiable slot.
     """
     return _boot(trust_dir, release_dir, state_dir, backend=backend, runtime_options=runtime_options,
-                 config=config, variant=variant, key_source=key_source)
+                 config=config, variant=variant, key_source=key_source, require_llm=require_llm)
 
 
 def boot_last_good(trust_dir: str | os.PathLike, state_dir: str | os.PathLike, *, backend: str | None = None,
                    runtime_options: Mapping[str, Any] | None = None,
                    config: VerifyConfig = DEFAULT_CONFIG, variant: str | None = None,
-                   key_source: KeySource | None = None) -> BootedDevice:
+                   key_source: KeySource | None = None, require_llm: bool = False) -> BootedDevice:
     """Re-verify and boot the release recorded as last good in ``state_dir/state.json``
     (from the device's own slot copy).
 
     The release is verified from scratch and must be the recorded release (same signed
-    statement).
+    statement). When ``state.json`` is missing or names a release below the TEE floor, the
+    slot holding the floor's release is booted and ``state.json`` rewritten from it
+    (:mod:`sealfl.enclave.device.recover`).
 
     Raises:
-        BootError: no last good release recorded (reason ``"state"``), or any :func:`boot`
-            failure (e.g. the slot was altered).
+        BootError: no last good release (reason ``"state"``: nothing recorded and no floor,
+            or no slot holds the floor's release), or any :func:`boot` failure (e.g. the
+            slot was altered).
     """
     return _boot(trust_dir, None, state_dir, backend=backend, runtime_options=runtime_options, config=config,
-                 variant=variant, key_source=key_source)
+                 variant=variant, key_source=key_source, require_llm=require_llm)

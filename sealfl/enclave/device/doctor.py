@@ -7,7 +7,11 @@
   ``avx512_vnni``, ``avx_vnni``; on Arm ``asimddp`` = NEON dot product);
 * memory (``/proc/meminfo`` MemTotal, MemAvailable) and free disk of the state directory;
 * the TPM: the TCTI the ``tpm`` backend would use (:mod:`sealfl.enclave.tee.tpm`), whether it
-  answers, and its allocated PCR banks (``tpm2_getcap pcrs``); a SHA-256 bank is required;
+  answers, its allocated PCR banks (``tpm2_getcap pcrs``; a SHA-256 bank is required), which
+  sealfl roles hold an attestation key in it (``handles-persistent`` against
+  :data:`sealfl.enclave.tee.tpm_alloc.ROLES`) and how many transient objects are loaded;
+* with a state directory, the TEE the device runs on (:func:`~sealfl.enclave.device.provision.describe_tee`:
+  ``tpm``, or ``sim`` -- flagged INSECURE -- or not provisioned);
 * onnxruntime's available execution providers.
 """
 
@@ -20,6 +24,7 @@ import subprocess
 from pathlib import Path
 
 from sealfl.attestation.requirements import CPU_FEATURES
+from sealfl.enclave.tee.tpm_tools import parse_handles, parse_pcr_banks
 
 __all__ = ["profile", "parse_pcr_banks", "format_profile"]
 
@@ -48,34 +53,42 @@ def _meminfo() -> dict[str, int]:
     return out
 
 
-def parse_pcr_banks(getcap_output: str) -> dict[str, list[int]]:
-    """Parse ``tpm2_getcap pcrs`` (YAML lines ``  - sha256: [ 0, 1, ... ]``) to
-    ``{bank: [allocated PCR indices]}``. Pure."""
-    banks = {}
-    for m in re.finditer(r"-\s*(\w+)\s*:\s*\[([^\]]*)\]", getcap_output):
-        banks[m.group(1)] = [int(x) for x in m.group(2).replace(",", " ").split()]
-    return banks
-
-
 def _tpm() -> dict:
-    from sealfl.enclave.tee.tpm import DEFAULT_TCTI, TCTI_ENV
+    from sealfl.enclave.tee.tpm_alloc import ROLES
+    from sealfl.enclave.tee.tpm_tools import DEFAULT_TCTI, TCTI_ENV
 
     tcti = os.environ.get(TCTI_ENV) or DEFAULT_TCTI
-    info = {"tcti": tcti, "present": False, "banks": {}, "error": ""}
+    info = {"tcti": tcti, "present": False, "banks": {}, "error": "", "roles": {}, "transient_loaded": None}
     if shutil.which("tpm2_getcap") is None:
         info["error"] = "tpm2-tools not installed (scripts/install-tpm.sh)"
         return info
-    try:
-        proc = subprocess.run(["tpm2_getcap", "pcrs"], capture_output=True, text=True, timeout=30,
-                              env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TPM2TOOLS_TCTI": tcti})
-    except subprocess.TimeoutExpired:
-        info["error"] = "tpm2_getcap timed out"
-        return info
-    if proc.returncode != 0:
-        info["error"] = (proc.stderr.strip().splitlines() or ["no answer"])[-1][:300]
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TPM2TOOLS_TCTI": tcti}
+
+    def getcap(what: str):
+        try:
+            return subprocess.run(["tpm2_getcap", what], capture_output=True, text=True, timeout=30, env=env)
+        except subprocess.TimeoutExpired:
+            return None
+
+    proc = getcap("pcrs")
+    if proc is None or proc.returncode != 0:
+        from sealfl.enclave.tee.tpm_rc import from_stderr
+
+        rc = from_stderr(proc.stderr) if proc is not None else None
+        info["error"] = ("tpm2_getcap timed out" if proc is None else
+                         f"{rc.meaning}: {rc.advice}" if rc is not None else
+                         (proc.stderr.strip().splitlines() or ["no answer"])[-1][:300])
         return info
     info["present"] = True
     info["banks"] = parse_pcr_banks(proc.stdout)
+    persistent = getcap("handles-persistent")
+    if persistent is not None and persistent.returncode == 0:
+        held = set(parse_handles(persistent.stdout))
+        info["roles"] = {name: {"ak_handle": f"{r.ak_handle:#x}", "provisioned": r.ak_handle in held}
+                         for name, r in ROLES.items()}
+    transient = getcap("handles-transient")
+    if transient is not None and transient.returncode == 0:
+        info["transient_loaded"] = len(parse_handles(transient.stdout))
     return info
 
 
@@ -99,6 +112,10 @@ def profile(state_dir: str | os.PathLike | None = None, *, tpm: bool = True) -> 
         t = _tpm()
         out["tpm"] = t
         out["tpm_sha256_bank"] = bool(t["present"] and t["banks"].get("sha256"))
+    if state_dir is not None:
+        from sealfl.enclave.device.provision import describe_tee
+
+        out["device_tee"] = describe_tee(state_dir)
     return out
 
 
@@ -116,8 +133,24 @@ def format_profile(p: dict) -> list[str]:
             banks = ", ".join(f"{b} ({len(v)} PCRs)" for b, v in t["banks"].items() if v) or "none allocated"
             lines.append(f"TPM at {t['tcti']}: present; PCR banks {banks}"
                          + ("" if p["tpm_sha256_bank"] else " -- NO SHA-256 bank: the tpm backend needs one"))
+            held = [name for name, r in t.get("roles", {}).items() if r["provisioned"]]
+            lines.append("TPM keys of sealfl roles: " + (", ".join(
+                f"{name} AK at {t['roles'][name]['ak_handle']}" for name in held) or "none"))
+            if t.get("transient_loaded") is not None:
+                lines.append(f"TPM transient objects loaded now: {t['transient_loaded']}"
+                             + (" (other software keeps objects loaded: run a resource manager)"
+                                if t["transient_loaded"] else ""))
         else:
             lines.append(f"TPM at {t['tcti']}: not available ({t['error']})")
+    d = p.get("device_tee")
+    if d is not None:
+        if d["backend"] is None:
+            lines.append("device TEE: not provisioned" + (f" ({d['error']})" if d["error"] else
+                                                          " (sealfl device provision)"))
+        else:
+            what = "INSECURE simulation, for tests and demos only" if d["insecure"] else f"TPM 2.0 at {d['tcti']}"
+            lines.append(f"device TEE: {d['backend']} ({what}); AK keyid {d['ak_keyid'] or '?'}"
+                         + (f" -- {d['error']}" if d["error"] else ""))
     return lines
 
 

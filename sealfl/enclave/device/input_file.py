@@ -5,9 +5,10 @@ most :data:`MAX_INPUT_BYTES` of the file and parses them. The values are then ch
 against the release's signed ranges (:func:`sealfl.enclave.device.inputs.check_rows`).
 
 Format: UTF-8 (a byte-order mark is tolerated), comma-separated, one row per line, exactly
-``n_features`` columns; blank lines are skipped; a first row with no numeric cell is a
-header (it must have ``n_features`` columns too). Every cell must parse as a float, and be
-finite in float32.
+``n_features`` columns (``None``: as many as the first row has -- ``device boot`` parses the
+file so before it boots anything, and checks the width against the release after); blank
+lines are skipped; a first row with no numeric cell is a header (it must have that many
+columns too). Every cell must parse as a float, and be finite in float32.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ def _number(cell: str) -> bool:
         return False
 
 
-def parse_feature_rows(data: bytes, n_features: int, source: str) -> np.ndarray:
-    """Parse CSV bytes into float32 ``(n, n_features)`` (format in the module docstring).
+def parse_feature_rows(data: bytes, n_features: int | None, source: str) -> np.ndarray:
+    """Parse CSV bytes into float32 ``(n, n_features)`` (format in the module docstring;
+    ``n_features=None``: the first row's width).
 
     Raises:
         InputFileError: the message starts with ``source`` and names the row and problem.
@@ -48,16 +50,20 @@ def parse_feature_rows(data: bytes, n_features: int, source: str) -> np.ndarray:
         rows = [r for r in csv.reader(io.StringIO(text, newline="")) if r and any(c.strip() for c in r)]
     except csv.Error as exc:
         raise InputFileError(f"{source}: not a CSV file ({exc})") from exc
-    if rows and not any(_number(c) for c in rows[0]):  # a header: every cell non-numeric
-        if len(rows[0]) != n_features:
-            raise InputFileError(f"{source}: the header has {len(rows[0])} columns, the model takes {n_features}")
+    header = rows[0] if rows and not any(_number(c) for c in rows[0]) else None  # every cell non-numeric
+    if header is not None:
         rows = rows[1:]
     if not rows:
         raise InputFileError(f"{source}: no data rows")
+    want = "the model takes"
+    if n_features is None:
+        n_features, want = len(rows[0]), "the first data row has"
+    if header is not None and len(header) != n_features:
+        raise InputFileError(f"{source}: the header has {len(header)} columns, {want} {n_features}")
     out = np.zeros((len(rows), n_features), dtype=np.float32)
     for i, row in enumerate(rows):
         if len(row) != n_features:
-            raise InputFileError(f"{source}: data row {i + 1} has {len(row)} columns, the model takes {n_features}")
+            raise InputFileError(f"{source}: data row {i + 1} has {len(row)} columns, {want} {n_features}")
         bad = [c for c in row if not _number(c)]
         if bad:
             raise InputFileError(f"{source}: data row {i + 1} has a non-numeric value {bad[0][:40]!r}")
@@ -68,7 +74,7 @@ def parse_feature_rows(data: bytes, n_features: int, source: str) -> np.ndarray:
     return out
 
 
-def read_feature_rows(path: str | os.PathLike, n_features: int) -> np.ndarray:
+def read_feature_rows(path: str | os.PathLike, n_features: int | None) -> np.ndarray:
     """Read and parse the CSV file ``path`` (see :func:`parse_feature_rows`).
 
     Raises:

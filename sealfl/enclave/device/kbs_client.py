@@ -3,6 +3,8 @@
 :func:`request_key` asks the broker for a challenge, makes a fresh HPKE key pair, attests
 with purpose ``"key-request"`` over ``nonce || SHA-256(public key)``
 (:func:`sealfl.enclave.device.evidence.attest_device`), posts the request and unwraps the key.
+A challenge refused with 429 is asked again after the broker's ``Retry-After`` when that is
+at most :data:`MAX_RETRY_AFTER_S` (twice at most); otherwise the refusal says when to retry.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import time
 import urllib.error
 import urllib.request
 
@@ -18,9 +21,11 @@ from sealfl.attestation.keys import keyid, load_public_key
 from sealfl.attestation.quote import KEY_REQUEST_PURPOSE
 from sealfl.enclave.errors import KeyBrokerError, KeyRequestRefused
 
-__all__ = ["request_key", "broker_key_source"]
+__all__ = ["request_key", "broker_key_source", "MAX_RETRY_AFTER_S"]
 
 _MAX_REPLY = 1024 * 1024
+#: longest ``Retry-After`` of a refused challenge the device waits for by itself, seconds
+MAX_RETRY_AFTER_S = 10.0
 
 
 def _post(url: str, body: dict, timeout_s: float) -> tuple[int, dict]:
@@ -31,6 +36,11 @@ def _post(url: str, body: dict, timeout_s: float) -> tuple[int, dict]:
             status, data = resp.status, resp.read(_MAX_REPLY + 1)
     except urllib.error.HTTPError as exc:
         status, data = exc.code, exc.read(_MAX_REPLY + 1)
+        retry = exc.headers.get("Retry-After", "") if exc.headers is not None else ""
+        if status == 429:
+            wait = float(retry) if retry.isdigit() else 1.0
+            raise KeyRequestRefused(f"the key broker at {url} is rate-limiting challenges; retry after {wait:g} s",
+                                    check="rate", retry_after_s=wait) from None
     except (urllib.error.URLError, OSError) as exc:
         raise KeyBrokerError(f"cannot reach the key broker at {url}: {exc}") from exc
     try:
@@ -42,9 +52,21 @@ def _post(url: str, body: dict, timeout_s: float) -> tuple[int, dict]:
     return status, doc
 
 
+def _challenge(base: str, timeout_s: float) -> tuple[int, dict]:
+    waited = 0
+    while True:
+        try:
+            return _post(base + "/challenge", {}, timeout_s)
+        except KeyRequestRefused as exc:
+            if waited == 2 or exc.retry_after_s is None or exc.retry_after_s > MAX_RETRY_AFTER_S:
+                raise
+            waited += 1
+            time.sleep(exc.retry_after_s)
+
+
 def _ask(base: str, attest, ak_keyid: str, timeout_s: float) -> tuple[str, bytes]:
     """One challenge-response; ``attest(quote data) -> evidence``."""
-    status, doc = _post(base + "/challenge", {}, timeout_s)
+    status, doc = _challenge(base, timeout_s)
     nonce = doc.get("nonce")
     if status != 200 or not isinstance(nonce, str) or len(nonce) != 64:
         raise KeyBrokerError(f"the key broker gave no challenge (HTTP {status}): {doc!r:.200}")

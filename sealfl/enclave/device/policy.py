@@ -7,9 +7,11 @@ serve`` -- goes through :func:`boot_or_last_good`:
    release or trust directory inside the device's state would let the thing being checked
    rewrite the checker's record; :func:`check_state_apart`);
 2. :func:`~sealfl.enclave.device.boot.boot` the new release;
-3. refused with reason ``tee-state`` (the TEE state is missing on a device with history or
-   belongs to another key): stop -- re-provisioning is an operator's decision, never a
-   fallback;
+3. refused with reason ``tee-state`` (the TEE state is missing -- a device not provisioned,
+   or one with history -- or belongs to another key): stop -- (re-)provisioning is an
+   operator's decision, never a fallback; refused with reason ``tee`` (the TEE cannot be
+   opened or measured: the TPM's answer and what to do are in the message): stop -- the last
+   good release would need the same TEE;
 4. refused otherwise: :func:`~sealfl.enclave.device.boot.boot_last_good` from the device's
    own slot, verified from scratch; if that fails too, :class:`NothingRuns`.
 
@@ -18,9 +20,12 @@ Exit codes the CLI maps outcomes to (README "Devices"):
 ====  ===================================================================================
 0     the new release runs
 1     a command error before anything was booted (bad option, unreadable file)
-2     nothing runs: the release was refused and no last good release could be booted
+2     nothing runs: the release was refused and no last good release could be booted, or
+      the TEE cannot be used (what the TPM reported and what to do is in the message)
 3     the new release was refused; the last good release runs
-4     the TEE state is missing or of another key: re-provision on purpose
+4     the TEE state is missing or of another key: provision / re-provision on purpose
+5     ``device boot --input``: the release runs (and is recorded), but the input rows do
+      not fit it (the message names row and column); nothing was scored
 ====  ===================================================================================
 """
 
@@ -39,12 +44,16 @@ from sealfl.enclave.device.provision import EXIT_TEE_STATE
 from sealfl.enclave.errors import BootError
 
 __all__ = ["EXIT_BOOTED", "EXIT_FAILED", "EXIT_NOTHING_RUNS", "EXIT_KEPT_LAST_GOOD", "EXIT_TEE_STATE",
-           "NothingRuns", "BootOutcome", "check_state_apart", "boot_or_last_good"]
+           "EXIT_INPUT_REFUSED", "STOP_REASONS", "NothingRuns", "BootOutcome", "check_state_apart",
+           "boot_or_last_good", "exit_code_of"]
 
 EXIT_BOOTED = 0
 EXIT_FAILED = 1
 EXIT_NOTHING_RUNS = 2
 EXIT_KEPT_LAST_GOOD = 3
+EXIT_INPUT_REFUSED = 5
+#: refusal reasons after which the last good release is not tried (step 3)
+STOP_REASONS = frozenset({"tee-state", "tee"})
 
 
 class NothingRuns(BootError):
@@ -85,6 +94,17 @@ class BootOutcome:
         return EXIT_KEPT_LAST_GOOD if self.refused is not None else EXIT_BOOTED
 
 
+def exit_code_of(exc: BootError) -> int:
+    """The exit code of a boot that ended in ``exc`` (table above): 4 for ``tee-state``; 2 for
+    :class:`NothingRuns` and for ``tee`` (the TEE cannot be used); 1 for a refusal before
+    anything was tried (e.g. the state directory overlaps the release)."""
+    if exc.reason == "tee-state":
+        return EXIT_TEE_STATE
+    if isinstance(exc, NothingRuns) or exc.reason == "tee":
+        return EXIT_NOTHING_RUNS
+    return EXIT_FAILED
+
+
 def _overlap(a: Path, b: Path) -> bool:
     return a == b or a in b.parents or b in a.parents
 
@@ -111,38 +131,43 @@ def check_state_apart(state_dir: str | os.PathLike, **others: str | os.PathLike 
 
 
 def boot_or_last_good(trust_dir: str | os.PathLike, release_dir: str | os.PathLike, state_dir: str | os.PathLike,
-                      *, key_source: KeySource | None = None, variant: str | None = None,
-                      runtime_options: Mapping[str, Any] | None = None,
+                      *, backend: str | None = None, key_source: KeySource | None = None,
+                      variant: str | None = None, runtime_options: Mapping[str, Any] | None = None,
+                      require_llm: bool = False,
                       on_refused: Callable[[BootError], None] | None = None) -> BootOutcome:
     """Boot ``release_dir``, else the last good release (module docstring).
 
     Args:
         trust_dir, release_dir, state_dir: as for :func:`~sealfl.enclave.device.boot.boot`.
+        backend: the TEE backend the caller asked for (``--tee``), or None for the
+            provisioned one (:func:`~sealfl.enclave.device.boot.boot`).
         key_source: key source for a release encrypted at rest (both attempts).
         variant: causal-LM model variant (both attempts).
         runtime_options: :class:`~sealfl.enclave.sandbox.runtime.SandboxedRuntime` options.
+        require_llm: only causal language models may run (``device serve``/``generate``).
         on_refused: called with the new release's refusal before the fallback is tried.
 
     Returns:
         a :class:`BootOutcome`.
 
     Raises:
-        BootError: reason ``"state"`` (directories overlap) or ``"tee-state"`` (re-provision
-            on purpose; nothing was tried); :class:`NothingRuns` when neither boots.
+        BootError: reason ``"state"`` (directories overlap), ``"tee-state"`` ((re-)provision
+            on purpose) or ``"tee"`` (the TEE cannot be used) -- nothing was tried after
+            them; :class:`NothingRuns` when neither boots.
     """
     check_state_apart(state_dir, release=release_dir, trust_anchors=trust_dir)
+    common = {"backend": backend, "key_source": key_source, "variant": variant, "runtime_options": runtime_options,
+              "require_llm": require_llm}
     try:
-        return BootOutcome(boot(trust_dir, release_dir, state_dir, key_source=key_source, variant=variant,
-                                runtime_options=runtime_options))
+        return BootOutcome(boot(trust_dir, release_dir, state_dir, **common))
     except BootError as exc:
-        if exc.reason == "tee-state":
+        if exc.reason in STOP_REASONS:
             raise
         refused = exc
     if on_refused is not None:
         on_refused(refused)
     try:
-        device = boot_last_good(trust_dir, state_dir, key_source=key_source, variant=variant,
-                                runtime_options=runtime_options)
+        device = boot_last_good(trust_dir, state_dir, **common)
     except (SealflError, OSError) as exc:
         raise NothingRuns(refused, exc) from refused
     return BootOutcome(device, refused)

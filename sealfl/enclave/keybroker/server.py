@@ -1,6 +1,10 @@
 """``sealfl kbs serve``: the key broker over HTTP (FastAPI + uvicorn, bound to 127.0.0.1).
 
-Endpoints (JSON): ``POST /challenge`` -> ``{"nonce": hex}``; ``POST /key`` (body at most
+Endpoints (JSON): ``POST /challenge`` -> ``{"nonce": hex}``, or 429 ``{"error", "check":
+"rate"}`` with ``Retry-After`` when the client (its address: ``request.client``; behind a
+reverse proxy, the address the proxy forwards, trusted only from ``--forwarded-allow-ips``)
+or the broker has too many outstanding challenges or asks too fast
+(:class:`~sealfl.enclave.keybroker.broker.ChallengeLimits`); ``POST /key`` (body at most
 :data:`MAX_BODY` bytes, strict JSON) -> 200 with the wrapped key, or 403
 ``{"error": message, "check": name}`` when refused, 400 on a malformed body. Protocol and
 checks: :mod:`sealfl.enclave.keybroker.broker`.
@@ -27,7 +31,7 @@ from sealfl.attestation.keys import load_public_keys
 from sealfl.common.fields import Fields
 from sealfl.common.fsutil import check_private_file
 from sealfl.enclave.errors import KeyBrokerError, KeyRequestRefused
-from sealfl.enclave.keybroker.broker import KeyBroker
+from sealfl.enclave.keybroker.broker import ChallengeLimits, KeyBroker
 
 __all__ = ["MAX_BODY", "create_app", "load_broker"]
 
@@ -35,15 +39,22 @@ log = logging.getLogger(__name__)
 MAX_BODY = 1024 * 1024
 
 
-def load_broker(policy: Path, aks: list[Path], keys: Path, *, nonce_ttl_s: float = 60.0) -> KeyBroker:
+def load_broker(policy: Path, aks: list[Path], keys: Path, *, nonce_ttl_s: float = 60.0,
+                limits: ChallengeLimits | None = None) -> KeyBroker:
     """Build a :class:`KeyBroker` from its files (see module docstring).
 
     Raises:
-        KeyBrokerError: a file is unreadable, malformed, or the keys file is not private.
+        KeyBrokerError: a file is unreadable or malformed (the message names it), or the
+            keys file is not private.
     """
+    ak_keys = []
+    for p in aks:
+        try:
+            ak_keys += load_public_keys(Path(p).read_bytes())
+        except (OSError, AttestationError) as exc:
+            raise KeyBrokerError(f"--ak {p}: {exc}") from exc
     try:
         pol = parse_policy(loads_strict(Path(policy).read_bytes()), str(policy))
-        ak_keys = [k for p in aks for k in load_public_keys(Path(p).read_bytes())]
         if not check_private_file(keys):
             raise KeyBrokerError(f"{keys} is readable by group/others; chmod 600 it")
         raw = loads_strict(Path(keys).read_bytes())
@@ -61,7 +72,7 @@ def load_broker(policy: Path, aks: list[Path], keys: Path, *, nonce_ttl_s: float
         if len(key) != 32:
             raise fields.fail(root, "is not a 32-byte AES-256 key")
         table[root] = key
-    return KeyBroker(pol, ak_keys, table, nonce_ttl_s=nonce_ttl_s)
+    return KeyBroker(pol, ak_keys, table, nonce_ttl_s=nonce_ttl_s, limits=limits)
 
 
 def create_app(broker: KeyBroker) -> FastAPI:
@@ -69,8 +80,14 @@ def create_app(broker: KeyBroker) -> FastAPI:
     app = FastAPI(title="sealfl key broker", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.post("/challenge")
-    def challenge() -> dict:
-        return {"nonce": broker.challenge()}
+    def challenge(request: Request) -> JSONResponse:
+        client = request.client.host if request.client is not None else ""
+        try:
+            return JSONResponse({"nonce": broker.challenge(client)})
+        except KeyRequestRefused as exc:
+            log.warning("challenge refused for %s: %s", client, exc)
+            return JSONResponse({"error": str(exc), "check": exc.check}, 429,
+                                headers={"Retry-After": str(int(exc.retry_after_s or 1))})
 
     @app.post("/key")
     async def key(request: Request) -> JSONResponse:

@@ -94,7 +94,9 @@ class ReleaseEnclave:
 
         Args:
             state_dir: a non-existent or empty directory.
-            backend: TEE backend (``"sim"``; ``"tpm"`` once available).
+            backend: TEE backend (``"sim"``, or ``"tpm"``: the ``release-enclave`` role's AK
+                handle, NV index and PCR 16 (:mod:`sealfl.enclave.tee.tpm_alloc`); a TPM that
+                serves a device is refused).
 
         Raises:
             TEEStateError: ``state_dir`` is not empty.
@@ -104,7 +106,12 @@ class ReleaseEnclave:
         if root.exists() and any(root.iterdir()):
             raise TEEStateError(f"{root} is not empty; open it with ReleaseEnclave.open or choose a new directory")
         ensure_private_dir(root)
-        tee = create_tee(backend, root / "tee")
+        try:
+            tee = create_tee(backend, root / "tee", role="release-enclave")
+        except BaseException:
+            if not any(root.iterdir()):
+                root.rmdir()  # nothing of a half-made enclave stays behind
+            raise
         policy = cls._boot(tee)
         key = _keys.generate_key()
         atomic_write(root / "release_key.sealed", tee.seal(_keys.private_key_to_pem(key), policy), 0o600)

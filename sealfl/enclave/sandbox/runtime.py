@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from sealfl.common.errors import plain_text
 from sealfl.enclave.errors import RuntimeSandboxError
 from sealfl.enclave.sandbox import child as _child
 from sealfl.enclave.sandbox.pipe import PIPE_BYTES, read_exact_until, widen_pipe, write_all
@@ -288,7 +289,7 @@ class SandboxedRuntime:
             code = None
         self._stderr.seek(0, os.SEEK_END)
         self._stderr.seek(max(0, self._stderr.tell() - 2000))
-        tail = self._stderr.read().decode("utf-8", "replace").strip()
+        tail = plain_text(self._stderr.read().decode("utf-8", "replace"))  # no colour codes in a refusal
         msg = f"sandboxed runtime (pid {self.pid}) {what}; exit code {code}"
         if tail:
             msg += f"; child stderr: {tail}"
@@ -328,7 +329,7 @@ class SandboxedRuntime:
             except (ValueError, OSError) as exc:
                 raise self._fail(f"sent a malformed reply to {op!r}: {exc}") from exc
         if not reply.get("ok"):
-            error = reply.get("error", "unknown error")
+            error = plain_text(str(reply.get("error", "unknown error")))
             if op == "init":
                 raise self._fail(f"could not load the model: {error}", 1.0)
             raise RuntimeSandboxError(f"sandboxed runtime (pid {self.pid}) failed {op!r}: {error}")

@@ -1,5 +1,6 @@
 """The TEE a device or the release enclave runs on: the interface (:mod:`.interface`), the
-backends by name (:mod:`.backends`), the ``tpm`` backend (:mod:`.tpm` over :mod:`.tpm_tools`), the insecure ``sim`` backend
+backends by name (:mod:`.backends`), the ``tpm`` backend (:mod:`.tpm` over :mod:`.tpm_tools`, its
+response codes :mod:`.tpm_rc`, per-role allocation :mod:`.tpm_alloc` and sealing :mod:`.tpm_seal`), the insecure ``sim`` backend
 (:mod:`.sim`) and their shared sealed-blob framing (:mod:`.sealed_blob`). Measured by
 devices and by the release enclave."""
 

@@ -35,9 +35,9 @@ def backend_class(backend: str) -> type[TEE]:
     return module.TEE_CLASS
 
 
-def create_tee(backend: str, state_dir: str | os.PathLike) -> TEE:
-    """Provision a fresh TEE of ``backend`` in ``state_dir`` (see :meth:`TEE.create`)."""
-    return backend_class(backend).create(state_dir)
+def create_tee(backend: str, state_dir: str | os.PathLike, *, role: str = "device", replace: bool = False) -> TEE:
+    """Provision a fresh TEE of ``backend`` in ``state_dir`` for ``role`` (see :meth:`TEE.create`)."""
+    return backend_class(backend).create(state_dir, role=role, replace=replace)
 
 
 def load_tee(backend: str, state_dir: str | os.PathLike, *, reset_pcrs: bool = True) -> TEE:

@@ -36,11 +36,19 @@ class TEE(ABC):
 
     @classmethod
     @abstractmethod
-    def create(cls, state_dir: str | os.PathLike) -> "TEE":
+    def create(cls, state_dir: str | os.PathLike, *, role: str = "device", replace: bool = False) -> "TEE":
         """Provision a fresh TEE whose persistent state lives in ``state_dir``.
 
+        Args:
+            state_dir: the TEE's state directory (must not hold TEE state yet).
+            role: ``"device"`` or ``"release-enclave"``: which handles, NV index and PCRs a
+                hardware backend uses (:mod:`sealfl.enclave.tee.tpm_alloc`).
+            replace: a hardware backend may replace the key another state of the same role
+                left in the hardware (re-provisioning on purpose); without it, it refuses.
+
         Raises:
-            TEEStateError: ``state_dir`` already holds TEE state.
+            TEEStateError: ``state_dir`` already holds TEE state, or the hardware serves
+                another role or another state (without ``replace``).
         """
 
     @classmethod

@@ -109,8 +109,9 @@ class SimTEE(TEE):
         return self._dir
 
     @classmethod
-    def create(cls, state_dir: str | os.PathLike) -> "SimTEE":
-        """Provision a new simulated TEE in ``state_dir`` (created with mode 0700).
+    def create(cls, state_dir: str | os.PathLike, *, role: str = "device", replace: bool = False) -> "SimTEE":
+        """Provision a new simulated TEE in ``state_dir`` (created with mode 0700). ``role``
+        and ``replace`` change nothing: every simulated TEE is its own (no shared hardware).
 
         Raises:
             TEEStateError: ``state_dir`` already holds SimTEE state.

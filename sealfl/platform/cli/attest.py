@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -97,15 +98,30 @@ def kbs_serve(
     keys: Path = typer.Option(..., "--keys", help="Keys file {root digest hex: base64 key}, mode 0600."),
     port: int = typer.Option(8443, "--port", min=1, max=65535, help="Port on 127.0.0.1."),
     nonce_ttl: float = typer.Option(60.0, "--nonce-ttl", min=1.0, max=3600.0, help="Challenge lifetime, s."),
+    per_client: int = typer.Option(16, "--max-challenges-per-client", min=1, max=1024,
+                                   help="Unused challenges one client may hold (beyond: 429 with Retry-After)."),
+    total: int = typer.Option(10_000, "--max-challenges", min=1, max=1_000_000,
+                              help="Unused challenges in all (beyond: 429; issued ones are never evicted)."),
+    rate: float = typer.Option(2.0, "--challenge-rate", min=0.01, max=1000.0,
+                               help="Challenges per second per client (burst of --challenge-burst)."),
+    burst: int = typer.Option(8, "--challenge-burst", min=1, max=1000, help="Challenges a client may ask at once."),
+    forwarded_allow_ips: Optional[str] = typer.Option(
+        None, "--forwarded-allow-ips", help="Reverse proxies (comma-separated addresses) whose X-Forwarded-For "
+        "names the client; default: none, each connection's own address is the client."),
 ) -> None:
-    """Serve POST /challenge and POST /key on 127.0.0.1 (protocol: sealfl.enclave.keybroker.broker)."""
+    """Serve POST /challenge and POST /key on 127.0.0.1 (protocol: sealfl.enclave.keybroker.broker).
+    Challenges are bounded per client and in total and rate-limited per client (429 with
+    Retry-After), so a flood cannot crowd out a genuine device."""
     import uvicorn
 
+    from sealfl.enclave.keybroker.broker import ChallengeLimits
     from sealfl.enclave.keybroker.server import create_app, load_broker
 
     try:
-        broker = load_broker(policy, ak, keys, nonce_ttl_s=nonce_ttl)
+        limits = ChallengeLimits(ttl_s=nonce_ttl, per_client=per_client, total=total, rate_per_s=rate, burst=burst)
+        broker = load_broker(policy, ak, keys, nonce_ttl_s=nonce_ttl, limits=limits)
     except SealflError as exc:
         fail(str(exc))
     err.print(f"key broker on http://127.0.0.1:{port} ({len(ak)} AK file(s))")
-    uvicorn.run(create_app(broker), host="127.0.0.1", port=port, log_level="warning")
+    uvicorn.run(create_app(broker), host="127.0.0.1", port=port, log_level="warning",
+                proxy_headers=forwarded_allow_ips is not None, forwarded_allow_ips=forwarded_allow_ips or "")

@@ -16,7 +16,7 @@ from typing import Annotated, Optional
 import typer
 
 from sealfl.common.errors import Interrupted, SealflError
-from sealfl.platform.cli.options import KeyBroker, ReleaseDir, StateDir, TrustDir, Variant
+from sealfl.platform.cli.options import KeyBroker, ReleaseDir, StateDir, Tee, TrustDir, Variant
 from sealfl.platform.cli.output import command_group, console, err, fail, stopped
 
 __all__ = ["app", "verify_app"]
@@ -31,21 +31,32 @@ def _say(message: str) -> None:
     err.print(message, soft_wrap=True, markup=False, highlight=False)
 
 
-def _boot(trust: Path, release_dir: Path, state: Path, *, key_broker: str | None = None, variant: str | None = None):
+def _check_tee(tee: str | None) -> str | None:
+    from sealfl.enclave.tee.backends import BACKENDS
+
+    if tee is not None and tee not in BACKENDS:
+        fail(f"--tee must be one of {', '.join(BACKENDS)}, got {tee[:40]!r}")
+    return tee
+
+
+def _boot(trust: Path, release_dir: Path, state: Path, *, tee: str | None = None, key_broker: str | None = None,
+          variant: str | None = None, require_llm: bool = False):
     """:func:`~sealfl.enclave.device.policy.boot_or_last_good`, its refusals on stderr, its
-    failures as exit codes (2 nothing runs, 4 TEE state, 1 other)."""
+    failures as exit codes (:func:`~sealfl.enclave.device.policy.exit_code_of`: 2 nothing
+    runs, 4 TEE state)."""
     from sealfl.enclave.device.kbs_client import broker_key_source
-    from sealfl.enclave.device.policy import EXIT_NOTHING_RUNS, EXIT_TEE_STATE, NothingRuns, boot_or_last_good
+    from sealfl.enclave.device.policy import NothingRuns, boot_or_last_good, exit_code_of
     from sealfl.enclave.errors import BootError
 
     keys = broker_key_source(key_broker) if key_broker else None
     try:
-        outcome = boot_or_last_good(trust, release_dir, state, key_source=keys, variant=variant,
+        outcome = boot_or_last_good(trust, release_dir, state, backend=_check_tee(tee), key_source=keys,
+                                    variant=variant, require_llm=require_llm,
                                     on_refused=lambda exc: _say(f"refused: {exc}"))
     except NothingRuns as exc:
-        fail(f"nothing runs: {exc}", EXIT_NOTHING_RUNS)
+        fail(f"nothing runs: {exc}", exit_code_of(exc))
     except BootError as exc:
-        fail(str(exc), EXIT_TEE_STATE if exc.reason == "tee-state" else 1)
+        fail(f"nothing runs: {exc}" if exit_code_of(exc) == 2 else str(exc), exit_code_of(exc))
     except (SealflError, OSError) as exc:
         fail(str(exc))
     if outcome.kept_last_good:
@@ -61,26 +72,37 @@ def boot(
     features_csv: Optional[Path] = typer.Option(
         None, "--input", help="CSV of raw feature rows to score (heart model: 13 columns age, sex(1=male), trestbps, "
         "chol, fbs, thalch, exang, oldpeak, cp=atypical angina, cp=non-anginal, cp=typical angina, "
-        "restecg=normal, restecg=st-t abnormality; an optional header row). Prints one probability per row."),
+        "restecg=normal, restecg=st-t abnormality; an optional header row). Prints one probability per row. "
+        "Read before anything boots (a malformed file: exit 1); rows that do not fit the release: exit 5."),
+    tee: Tee = None,
     key_broker: KeyBroker = None,
 ) -> None:
     """Measure, verify and boot a release into the sandboxed runtime. If it is refused, boot
     the last good release instead and exit 3 (0 = the new release runs; 1/2 = nothing runs;
-    4 = the TEE state is missing or of another key: re-provision on purpose).
-    Optionally score a CSV of feature rows."""
+    4 = the TEE state is missing or of another key: provision / re-provision on purpose;
+    5 = the release runs but the --input rows do not fit it). Optionally score a CSV of
+    feature rows."""
     from sealfl.enclave.device.input_file import read_feature_rows
+    from sealfl.enclave.device.policy import EXIT_INPUT_REFUSED
 
-    outcome = _boot(trust, release_dir, state, key_broker=key_broker)
+    rows = None
+    if features_csv:
+        try:
+            rows = read_feature_rows(features_csv, None)
+        except SealflError as exc:
+            fail(str(exc))
+    outcome = _boot(trust, release_dir, state, tee=tee, key_broker=key_broker)
     with outcome.device as dev:
         console.print(f"booted {dev.release.name} v{dev.release.version} ({dev.release.root_digest})")
-        if features_csv:
-            shape = (dev.release.metadata.get("input") or {}).get("shape") or [None, None]
+        if rows is not None:
+            width = len(dev.input_spec.features) if dev.input_spec is not None else rows.shape[1]
             try:
-                x = read_feature_rows(features_csv, int(shape[1]) if shape[1] else 13)
-                probs = dev.predict(x).reshape(-1)
+                if rows.shape[1] != width:
+                    raise SealflError(f"the rows have {rows.shape[1]} columns, release {dev.release.name} takes "
+                                      f"{width}")
+                probs = dev.predict(rows).reshape(-1)
             except SealflError as exc:
-                msg = str(exc)
-                fail(msg if msg.startswith(str(features_csv)) else f"{features_csv}: {msg}")
+                fail(f"{features_csv}: {exc} (the release runs; nothing was scored)", EXIT_INPUT_REFUSED)
             sys.stdout.write("".join(f"{float(p):.4f}\n" for p in probs))
     raise typer.Exit(outcome.exit_code)
 
@@ -98,6 +120,7 @@ def generate(
     seed: int = typer.Option(0, min=0, help="Sampler seed (same seed, same answer)."),
     stop: Optional[list[str]] = typer.Option(None, "--stop", help="Stop string (repeat, at most 8)."),
     variant: Variant = None,
+    tee: Tee = None,
     key_broker: KeyBroker = None,
 ) -> None:
     """Verify and boot a causal-LM release, then answer PROMPT, streaming the text to
@@ -110,10 +133,8 @@ def generate(
                                 stop=tuple(stop or ()))
     except ValueError as exc:
         fail(str(exc))
-    outcome = _boot(trust, release_dir, state, key_broker=key_broker, variant=variant)
+    outcome = _boot(trust, release_dir, state, tee=tee, key_broker=key_broker, variant=variant, require_llm=True)
     with outcome.device as dev:
-        if not dev.is_llm:
-            fail(f"release {dev.release.name} is not a causal LM; use 'sealfl device boot --input'")
 
         def out(piece: str) -> None:
             sys.stdout.write(piece)
@@ -142,37 +163,49 @@ def serve(
     port: int = typer.Option(8000, min=0, max=65535, help="TCP port (0: a free one, see --port-file)."),
     port_file: Optional[Path] = typer.Option(None, help="Write the bound port here once listening."),
     max_concurrent: int = typer.Option(1, min=1, max=16, help="Requests generating at once; one sandboxed "
-                                       "child per slot; beyond it: 429 with Retry-After."),
+                                       "child per slot; beyond them (and a full --queue): 429 with Retry-After."),
+    queue: int = typer.Option(0, "--queue", min=0, max=1024, help="Requests that may wait for a slot (in arrival "
+                              "order; 0: none wait, a request without a free slot gets 429 at once)."),
+    queue_timeout: float = typer.Option(30.0, "--queue-timeout", min=0.1, max=3600.0, help="Longest wait in the "
+                                        "queue, seconds; then 429 with Retry-After."),
+    default_max_tokens: int = typer.Option(256, "--default-max-tokens", min=1, max=4096, help="New tokens a chat "
+                                           "request without max_tokens gets at most (a request may ask for more, "
+                                           "up to the context; completions default to 16 as in OpenAI's API)."),
     max_body_bytes: int = typer.Option(1 << 20, min=1024, max=64 << 20, help="Largest request body (400 "
                                        "beyond)."),
     threads: Optional[int] = typer.Option(None, min=1, max=64, help="onnxruntime threads per slot "
                                           "(default: cores / slots)."),
     variant: Variant = None,
+    tee: Tee = None,
     key_broker: KeyBroker = None,
 ) -> None:
     """Verify and boot a causal-LM release as 'device boot' does, then serve it over an
     OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models) with
     /health and /metrics. Runs until SIGINT/SIGTERM (exit 130/143). A refused release
-    falls back to the last good one; with none, exit 2 (/health never answered 200);
-    exit 4 when the TEE state needs re-provisioning."""
+    falls back to the last good one; with none (or a release that is not a language
+    model), exit 2 (/health never answered 200); exit 4 when the TEE state needs
+    (re-)provisioning."""
     import dataclasses
 
     from sealfl.enclave.device.kbs_client import broker_key_source
-    from sealfl.enclave.device.policy import EXIT_NOTHING_RUNS, EXIT_TEE_STATE
+    from sealfl.enclave.device.policy import exit_code_of
     from sealfl.enclave.device.serve.openai_api import DEFAULT_LIMITS
     from sealfl.enclave.device.serve.server import ServeOptions, run_server
     from sealfl.enclave.errors import BootError
 
     opts = ServeOptions(host=host, port=port, max_concurrent=max_concurrent, variant=variant,
-                        port_file=port_file, threads=threads,
-                        limits=dataclasses.replace(DEFAULT_LIMITS, max_body_bytes=max_body_bytes),
+                        port_file=port_file, threads=threads, backend=_check_tee(tee),
+                        queue_size=queue, queue_timeout_s=queue_timeout,
+                        limits=dataclasses.replace(DEFAULT_LIMITS, max_body_bytes=max_body_bytes,
+                                                   default_max_tokens=default_max_tokens),
                         key_source=broker_key_source(key_broker) if key_broker else None)
     try:
         run_server(trust, release_dir, state, opts, say=_say)
     except Interrupted as exc:
         stopped(exc)
     except BootError as exc:
-        fail(f"nothing is served: {exc}", EXIT_TEE_STATE if exc.reason == "tee-state" else EXIT_NOTHING_RUNS)
+        code = exit_code_of(exc)
+        fail(f"nothing is served: {exc}", 2 if code == 1 else code)
     except (SealflError, OSError) as exc:
         fail(str(exc))
 
@@ -180,16 +213,21 @@ def serve(
 @app.command("provision")
 def provision(
     state: StateDir,
-    tee: str = typer.Option("sim", "--tee", help="TEE backend: 'tpm' (TPM 2.0; SEALFL_TPM_TCTI selects it, "
-                            "default device:/dev/tpmrm0) or 'sim' (INSECURE simulation)."),
+    tee: str = typer.Option("tpm", "--tee", help="TEE backend: 'tpm' (TPM 2.0; SEALFL_TPM_TCTI selects it, "
+                            "default device:/dev/tpmrm0) or 'sim' (an INSECURE simulation for tests and demos)."),
     force: bool = typer.Option(False, "--force", help="Re-provision a used device on purpose (new AK; the "
-                               "rollback floor is kept)."),
+                               "rollback floor is kept), also replacing the AK another device state left in "
+                               "this TPM (that state then stops booting)."),
     export_ak: Optional[Path] = typer.Option(None, "--export-ak", help="Also write the AK public key here."),
 ) -> None:
     """Create the device's attestation key (AK) under the TEE's endorsement hierarchy and
-    its rollback floor; print the AK keyid for the verifier."""
+    its rollback floor; print the AK keyid for the verifier. Refuses a used state directory,
+    a TPM that holds another state's AK (both without --force), a TPM that serves a release
+    enclave, and a TPM without a SHA-256 PCR bank; a refused or failed provisioning leaves
+    nothing behind."""
     from sealfl.enclave.device.provision import provision as provision_tee
 
+    _check_tee(tee)
     try:
         t = provision_tee(state, tee, force=force)
         if export_ak:
@@ -198,21 +236,31 @@ def provision(
         fail(str(exc))
     console.print(f"provisioned a {tee} TEE in {state / 'tee'}; AK keyid {t.ak_keyid()}"
                   + (f"; AK public key -> {export_ak}" if export_ak else f"; AK public key {state / 'tee' / 'ak.pem'}"))
+    if t.insecure:
+        _say("warning: the sim TEE is an INSECURE simulation (keys in plain files): for tests and demos only")
 
 
 @app.command("doctor")
 def doctor(
-    state: Optional[Path] = typer.Option(None, "--state", "-s", help="Device state directory (for free disk)."),
+    state: Optional[Path] = typer.Option(None, "--state", "-s", help="Device state directory (its TEE, free "
+                                         "disk)."),
     require_tpm: bool = typer.Option(False, "--require-tpm", help="Exit 1 unless a TPM with a SHA-256 bank "
                                      "answers."),
+    as_json: bool = typer.Option(False, "--json", help="Print the profile as one JSON object."),
 ) -> None:
     """Print the hardware baseline releases depend on: CPU integer-kernel features, memory,
-    free disk, TPM presence and PCR banks, onnxruntime execution providers."""
+    free disk, the TEE the device runs on (with --state), TPM presence, PCR banks and which
+    sealfl roles hold keys in it, onnxruntime execution providers."""
+    import json
+
     from sealfl.enclave.device.doctor import format_profile, profile
 
     p = profile(state)
-    for line in format_profile(p):
-        console.print(line)
+    if as_json:
+        sys.stdout.write(json.dumps(p, indent=1, sort_keys=True) + "\n")
+    else:
+        for line in format_profile(p):
+            console.print(line, markup=False, highlight=False)
     if require_tpm and not p.get("tpm_sha256_bank"):
         fail("no TPM with a SHA-256 PCR bank answered; set SEALFL_TPM_TCTI or install a TPM")
 

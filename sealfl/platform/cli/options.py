@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 
-__all__ = ["TrustDir", "StateDir", "ReleaseDir", "ConsortiumDir", "RayAddress", "Variant", "KeyBroker"]
+__all__ = ["TrustDir", "StateDir", "ReleaseDir", "ConsortiumDir", "RayAddress", "Variant", "KeyBroker", "Tee"]
 
 TrustDir = Annotated[Path, typer.Option("--trust", "-t", help="Pinned trust anchors directory.")]
 StateDir = Annotated[Path, typer.Option("--state", "-s", help="Device state directory (TEE, slots, last good "
@@ -25,3 +25,7 @@ Variant = Annotated[Optional[str], typer.Option("--variant", help="Model variant
                                                                   "its default, int4).")]
 KeyBroker = Annotated[Optional[str], typer.Option("--key-broker", help="Key broker URL for a release encrypted at "
                                                                        "rest (sealfl kbs serve).")]
+Tee = Annotated[Optional[str], typer.Option(
+    "--tee", help="TEE the device must run on: 'tpm' (TPM 2.0) or 'sim' (an INSECURE simulation for tests and "
+    "demos). Default: the one 'sealfl device provision' set up. A fresh state is provisioned by itself only with "
+    "--tee sim; a device never falls back to the simulation on its own.")]

@@ -75,7 +75,7 @@ def run_device(trust: Path, release_dir: Path, state: Path, prompt: str, log_pat
     """``sealfl device generate`` in a child process; returns the answer, its stderr
     summary, exit code, wall time and the sampled peak RSS of the process tree."""
     cmd = [sys.executable, "-m", "sealfl.platform.cli", "device", "generate", "--trust", str(trust), "--release",
-           str(release_dir), "--state", str(state), "--prompt", prompt, "--max-tokens", "96"]
+           str(release_dir), "--state", str(state), "--prompt", prompt, "--max-tokens", "96", "--tee", "sim"]
     t0 = time.perf_counter()
     with open(log_path, "wb") as errf:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errf)
@@ -122,7 +122,7 @@ def run_serve_chat(trust: Path, release_dir: Path, state: Path, question: str, o
     port_file, log_path = out / "serve.port", out / "serve.log"
     port_file.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "sealfl.platform.cli", "device", "serve", "--trust", str(trust), "--release",
-           str(release_dir), "--state", str(state), "--port", "0", "--port-file", str(port_file)]
+           str(release_dir), "--state", str(state), "--port", "0", "--port-file", str(port_file), "--tee", "sim"]
     with open(log_path, "wb") as logf:
         proc = subprocess.Popen(cmd, stdout=logf, stderr=logf)
         try:

@@ -76,5 +76,5 @@ def test_kind_decrypted_file_that_is_no_self_contained_onnx_is_refused(trust_dir
 
     root = load_release(rel, load_trust_anchors(trust_dir)).root_digest
     with pytest.raises(BootError) as info:
-        boot(trust_dir, rel, tmp_path / "device", key_source=lambda tee, state_root: (root, key))
+        boot(trust_dir, rel, tmp_path / "device", key_source=lambda tee, state_root: (root, key), backend="sim")
     assert info.value.reason == "key" and "onnx" in str(info.value)

@@ -49,7 +49,7 @@ def _sandbox_children() -> list[int]:
 def test_good_release_boots_and_predicts(trust_dir, release_dir, tmp_path):
     state = tmp_path / "device"
     x = sample_inputs(6)
-    with boot(trust_dir, release_dir, state) as device:
+    with boot(trust_dir, release_dir, state, backend="sim") as device:
         np.testing.assert_array_equal(device.predict(x), direct_outputs(make_onnx_model(), x))
         assert device.model_file == MODEL_FILE and device.release.version == 3
         assert _sandbox_children() == [device.runtime.pid]  # the prestarted child serves; no other
@@ -77,7 +77,7 @@ def test_good_release_boots_and_predicts(trust_dir, release_dir, tmp_path):
 
 def test_tampered_new_release_refused_and_last_good_served(trust_dir, release_dir, enclave, tmp_path):
     state = tmp_path / "device"
-    boot(trust_dir, release_dir, state).close()
+    boot(trust_dir, release_dir, state, backend="sim").close()
     before = (state / "state.json").read_bytes()
 
     new_model = make_onnx_model(weights=np.array([[1.0], [1.0], [1.0], [1.0]], dtype=np.float32))
@@ -89,7 +89,7 @@ def test_tampered_new_release_refused_and_last_good_served(trust_dir, release_di
     (new_dir / MODEL_FILE).write_bytes(bytes(data))
 
     with pytest.raises(BootError) as info:
-        boot(trust_dir, new_dir, state)
+        boot(trust_dir, new_dir, state, backend="sim")
     err = info.value
     assert (err.reason, err.file, err.check) == ("verification", MODEL_FILE, "hash")
     # the runtime child boot prestarts while it verifies is gone with the refusal
@@ -112,17 +112,17 @@ def test_newer_release_updates_state_and_rollback_is_refused(trust_dir, release_
     state = tmp_path / "device"
     v5 = tmp_path / "release-v5"
     enclave.write_release(v5, default_payload(), "heart-mlp", 5, {"model_file": MODEL_FILE})
-    boot(trust_dir, v5, state).close()
+    boot(trust_dir, v5, state, backend="sim").close()
     assert read_device_state(state).last_good.version == 5
     with pytest.raises(BootError) as info:
-        boot(trust_dir, release_dir, state)  # v3 after v5
+        boot(trust_dir, release_dir, state, backend="sim")  # v3 after v5
     assert (info.value.file, info.value.check) == ("manifest.json", "rollback")
     assert read_device_state(state).last_good.version == 5
 
 
 def test_boot_last_good_detects_replaced_directory(trust_dir, release_dir, enclave, tmp_path):
     state = tmp_path / "device"
-    boot(trust_dir, release_dir, state).close()
+    boot(trust_dir, release_dir, state, backend="sim").close()
     slot = state / read_device_state(state).last_good.slot
     # replace the slot's content with another validly signed release of the same version
     for child in slot.iterdir():
@@ -143,7 +143,7 @@ def test_boot_last_good_without_state(trust_dir, tmp_path):
 def test_kind_unloadable_model_is_refused_at_verification_without_recording(trust_dir, enclave, tmp_path):
     bad = write_signed_release(enclave, tmp_path / "release-bad", {"model.onnx": b"this is not onnx"}, "heart-mlp", 9)
     with pytest.raises(BootError) as info:
-        boot(trust_dir, bad, tmp_path / "device")
+        boot(trust_dir, bad, tmp_path / "device", backend="sim")
     assert (info.value.reason, info.value.file, info.value.check) == ("verification", "model.onnx", "onnx")
     assert read_device_state(tmp_path / "device").last_good is None
 
@@ -160,7 +160,7 @@ def test_kind_model_onnxruntime_refuses_is_refused_without_recording(trust_dir, 
     bad = tmp_path / "release-bad"
     enclave.write_release(bad, {"model.onnx": model.SerializeToString()}, "heart-mlp", 9)
     with pytest.raises(BootError) as info:
-        boot(trust_dir, bad, tmp_path / "device")
+        boot(trust_dir, bad, tmp_path / "device", backend="sim")
     assert info.value.reason == "runtime"
     assert read_device_state(tmp_path / "device").last_good is None
 
@@ -180,10 +180,10 @@ def test_same_model_new_version_then_refused_update_falls_back(trust_dir, enclav
     state = tmp_path / "device"
     for v in (4, 5):
         enclave.write_release(tmp_path / f"r{v}", default_payload(), "heart-mlp", v, {"model_file": MODEL_FILE})
-    boot(trust_dir, tmp_path / "r4", state).close()
-    boot(trust_dir, tmp_path / "r5", state).close()
+    boot(trust_dir, tmp_path / "r4", state, backend="sim").close()
+    boot(trust_dir, tmp_path / "r5", state, backend="sim").close()
     with pytest.raises(BootError):
-        boot(trust_dir, tmp_path / "r4", state)  # rollback
+        boot(trust_dir, tmp_path / "r4", state, backend="sim")  # rollback
     moved = tmp_path / "moved-device"
     state.rename(moved)  # state dirs are relocatable: slot paths are relative
     with boot_last_good(trust_dir, moved) as device:
@@ -195,10 +195,10 @@ def test_same_version_with_other_content_is_refused(trust_dir, enclave, tmp_path
     enclave.write_release(tmp_path / "a", default_payload(), "heart-mlp", 6, {"model_file": MODEL_FILE})
     other = {**default_payload(), MODEL_FILE: make_onnx_model(bias=np.array([2.0], np.float32))}
     enclave.write_release(tmp_path / "b", other, "heart-mlp", 6, {"model_file": MODEL_FILE})
-    boot(trust_dir, tmp_path / "a", state).close()
-    boot(trust_dir, tmp_path / "a", state).close()  # the same release again is a plain re-boot
+    boot(trust_dir, tmp_path / "a", state, backend="sim").close()
+    boot(trust_dir, tmp_path / "a", state, backend="sim").close()  # the same release again is a plain re-boot
     with pytest.raises(BootError) as info:
-        boot(trust_dir, tmp_path / "b", state)
+        boot(trust_dir, tmp_path / "b", state, backend="sim")
     assert info.value.check == "rollback"
 
 
@@ -207,10 +207,10 @@ def test_kind_implausible_version_jump_is_refused_by_policy(enclave, tmp_path):
     state = tmp_path / "device"
     for v in (3, 13, 24):
         enclave.write_release(tmp_path / f"r{v}", default_payload(), "heart-mlp", v, {"model_file": MODEL_FILE})
-    boot(trust, tmp_path / "r3", state).close()
-    boot(trust, tmp_path / "r13", state).close()  # +10: allowed
+    boot(trust, tmp_path / "r3", state, backend="sim").close()
+    boot(trust, tmp_path / "r13", state, backend="sim").close()  # +10: allowed
     with pytest.raises(BootError) as info:
-        boot(trust, tmp_path / "r24", state)  # +11
+        boot(trust, tmp_path / "r24", state, backend="sim")  # +11
     assert (info.value.file, info.value.check) == ("manifest.json", "version")
     assert "max_version_step" in str(info.value)
     assert read_device_state(state).last_good.version == 13
@@ -226,6 +226,106 @@ def test_a_staging_failure_only_costs_time(trust_dir, release_dir, tmp_path, mon
 
     monkeypatch.setattr(SandboxedRuntime, "stage", cannot)
     x = sample_inputs(3)
-    with boot(trust_dir, release_dir, tmp_path / "device") as device:
+    with boot(trust_dir, release_dir, tmp_path / "device", backend="sim") as device:
         assert not device.runtime.loaded_from_stage
         np.testing.assert_array_equal(device.predict(x), direct_outputs(make_onnx_model(), x))
+
+
+def _rewrite_envelope(src, dst, edit) -> None:
+    import shutil
+
+    shutil.copytree(src, dst)
+    env = json.loads((dst / "manifest.dsse.json").read_bytes())
+    edit(env)
+    (dst / "manifest.dsse.json").write_text(json.dumps(env, indent=3))
+
+
+def test_kind_release_identity_is_the_signed_statement_not_the_envelope_bytes(trust_dir, release_dir, tmp_path):
+    from Crypto.Util.asn1 import DerSequence
+
+    from sealfl.enclave.device.policy import boot_or_last_good
+
+    state = tmp_path / "device"
+    boot(trust_dir, release_dir, state, backend="sim").close()
+    before = (state / "state.json").read_bytes()
+    slots = sorted(p.name for p in (state / "slots").iterdir())
+
+    def high_s(env):  # (r, s) -> (r, n - s): still a valid ECDSA signature over the same statement
+        seq = DerSequence().decode(base64.b64decode(env["signatures"][0]["sig"]))
+        n = int("FFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551", 16)
+        env["signatures"][0]["sig"] = base64.b64encode(DerSequence([int(seq[0]), n - int(seq[1])]).encode()).decode()
+
+    def extra_entry(env):  # an unsigned extra: another signature entry, another layout
+        env["signatures"].append({"keyid": "00" * 32, "sig": base64.b64encode(b"\x30\x06\x02\x01\x01\x02\x01\x01").decode()})
+
+    _rewrite_envelope(release_dir, tmp_path / "high-s", high_s)
+    outcome = boot_or_last_good(trust_dir, tmp_path / "high-s", state)
+    with outcome.device:
+        assert outcome.kept_last_good and outcome.refused.file == "manifest.dsse.json"
+        assert "high S" in str(outcome.refused)
+    _rewrite_envelope(release_dir, tmp_path / "re-wrapped", extra_entry)
+    with boot(trust_dir, tmp_path / "re-wrapped", state) as dev:  # verifies: it is the same signed release
+        assert dev.release.statement_digest == read_device_state(state).last_good.statement_digest
+    assert (state / "state.json").read_bytes() == before  # same release: nothing renamed, nothing rewritten
+    assert sorted(p.name for p in (state / "slots").iterdir()) == slots
+    assert (state / read_device_state(state).last_good.slot / "manifest.dsse.json").read_bytes() == \
+        (release_dir / "manifest.dsse.json").read_bytes()
+
+
+def test_kind_a_fresh_device_never_runs_the_simulation_by_itself(swtpm, trust_dir, release_dir, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    fresh = tmp_path / "fresh"
+    with pytest.raises(BootError) as info:  # a TPM is right there (SEALFL_TPM_TCTI): still no silent sim
+        boot(trust_dir, release_dir, fresh)
+    assert info.value.reason == "tee-state" and "sealfl device provision" in str(info.value)
+    assert "--tee sim" in str(info.value) and not (fresh / "tee").exists()
+    r = subprocess.run([sys.executable, "-m", "sealfl.platform.cli", "device", "boot", "-t", str(trust_dir), "-r",
+                        str(release_dir), "-s", str(fresh), "--tee", "tpm"], capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ))
+    assert r.returncode == 4 and "not provisioned" in r.stderr and not (fresh / "tee").exists()
+    with boot(trust_dir, release_dir, fresh, backend="sim") as dev:  # asked for by name: tests, demos
+        assert dev.tee.backend == "sim" and dev.tee.insecure
+    from sealfl.enclave.device.doctor import format_profile, profile
+
+    lines = format_profile(profile(fresh))
+    assert any(ln.startswith("device TEE: sim (INSECURE simulation") for ln in lines), lines
+    assert any("TPM keys of sealfl roles: none" in ln for ln in lines), lines
+
+
+def test_kind_a_failed_file_operation_in_the_state_dir_is_a_boot_error(trust_dir, release_dir, enclave, tmp_path):
+    import shutil
+
+    as_file = tmp_path / "state-is-a-file"
+    as_file.write_bytes(b"")
+    lock_is_dir = tmp_path / "lock-is-a-dir"
+    (lock_is_dir / ".lock").mkdir(parents=True)
+    for state in (as_file, lock_is_dir):
+        with pytest.raises(BootError) as info:  # not an OSError escaping the boot
+            boot(trust_dir, release_dir, state, backend="sim")
+        assert info.value.reason == "state" and str(state) in str(info.value)
+    state = tmp_path / "device"
+    boot(trust_dir, release_dir, state, backend="sim").close()
+    before = (state / "state.json").read_bytes()
+    slot = state / read_device_state(state).last_good.slot
+    shutil.move(str(slot), str(tmp_path / "kept-slot"))
+    (state / "slots").rmdir()
+    (state / "slots").write_bytes(b"a file where the slots directory belongs")
+    v5 = tmp_path / "release-v5"
+    enclave.write_release(v5, default_payload(), "heart-mlp", 5, {"model_file": MODEL_FILE})
+    with pytest.raises(BootError) as info:  # the new slot cannot be written
+        boot(trust_dir, v5, state)
+    assert info.value.reason == "state" and "slots" in str(info.value)
+    assert (state / "state.json").read_bytes() == before
+
+
+def test_kind_a_release_the_command_cannot_serve_is_refused_before_any_runtime_starts(trust_dir, release_dir,
+                                                                                     tmp_path):
+    state = tmp_path / "device"
+    with pytest.raises(BootError) as info:  # `device serve` / `generate` of a tabular release
+        boot(trust_dir, release_dir, state, backend="sim", require_llm=True)
+    assert info.value.reason == "model" and "not a causal language model" in str(info.value)
+    assert _sandbox_children() == []  # refused right after verification: no child was started, nothing recorded
+    assert read_device_state(state).last_good is None

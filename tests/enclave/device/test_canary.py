@@ -158,13 +158,13 @@ def test_kind_device_refuses_a_release_whose_canary_fails_and_keeps_the_last_goo
     model, canary = _tiny()
     meta = {"model_file": MODEL_FILE, "canary": canary}
     enclave.write_release(tmp_path / "v1", {MODEL_FILE: model}, "tiny", 1, meta)
-    with boot(trust_dir, tmp_path / "v1", tmp_path / "state") as dev:
+    with boot(trust_dir, tmp_path / "v1", tmp_path / "state", backend="sim") as dev:
         assert dev.release.version == 1
     bad = copy.deepcopy(canary)
     bad["expected"] = [[v + 0.5] for (v,) in bad["expected"]]  # signed, but not what the model computes
     enclave.write_release(tmp_path / "v2", {MODEL_FILE: model}, "tiny", 2, {"model_file": MODEL_FILE, "canary": bad})
     with pytest.raises(BootError) as exc:
-        boot(trust_dir, tmp_path / "v2", tmp_path / "state")
+        boot(trust_dir, tmp_path / "v2", tmp_path / "state", backend="sim")
     assert exc.value.reason == "canary" and "canary row" in str(exc.value) and "> tolerance" in str(exc.value)
     refused = json.loads((tmp_path / "state" / "last_refused.json").read_text())  # the device records why
     assert refused["reason"] == "canary" and refused["release_dir"] == str(tmp_path / "v2")

@@ -50,7 +50,7 @@ def test_kind_unmet_requirements_refuse_boot_naming_each(trust_dir, enclave, tmp
     enclave.write_release(tmp_path / "r", default_payload(), "heart-mlp", 1,
                           {"model_file": "model.int8.onnx", "requirements": impossible})
     with pytest.raises(BootError) as info:
-        boot(trust_dir, tmp_path / "r", tmp_path / "state")
+        boot(trust_dir, tmp_path / "r", tmp_path / "state", backend="sim")
     msg = str(info.value)
     assert info.value.reason == "requirements" and "min_memory_bytes" in msg and "NoSuchExecutionProvider" in msg
     assert not (tmp_path / "state" / "state.json").exists()
@@ -58,7 +58,7 @@ def test_kind_unmet_requirements_refuse_boot_naming_each(trust_dir, enclave, tmp
                           {"model_file": "model.int8.onnx", "requirements": {"min_memory_bytes": 1,
                                                                              "execution_providers":
                                                                              ["CPUExecutionProvider"]}})
-    boot(trust_dir, tmp_path / "ok", tmp_path / "state").close()
+    boot(trust_dir, tmp_path / "ok", tmp_path / "state", backend="sim").close()
 
 
 _WRONG = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=5),

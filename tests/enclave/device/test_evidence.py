@@ -78,11 +78,16 @@ def test_kind_tampered_event_log_or_policy_mismatch_fails(booted, backend, trust
     policy = _policy(trust_dir, root, backend)
     forged = copy.deepcopy(ev)
     forged["eventlog"]["events"][2]["digest"] = "ab" * 32  # claim another release
-    with pytest.raises(PolicyError, match="PCR 23"):
-        verify_evidence(forged, ak, nonce, _policy(trust_dir, "ab" * 32, backend))
+    with pytest.raises(QuoteError, match="does not replay to the quoted PCR 23.*forged"):
+        verify_evidence(forged, ak, nonce, _policy(trust_dir, "ab" * 32, backend))  # even a policy that allows it
+    appended = copy.deepcopy(ev)  # the case: a forged event appended; said to be a replay failure
+    appended["eventlog"]["events"].append({**appended["eventlog"]["events"][2], "digest": "cd" * 32})
+    with pytest.raises(QuoteError, match="does not replay to the quoted PCR 23") as info:
+        verify_evidence(appended, ak, nonce, policy)
+    assert "policy" not in str(info.value)
     dropped = copy.deepcopy(ev)
     del dropped["eventlog"]["events"][1]
-    with pytest.raises(PolicyError):
+    with pytest.raises(QuoteError, match="does not replay to the quoted PCR 16"):
         verify_evidence(dropped, ak, nonce, policy)
     with pytest.raises(PolicyError, match="release_root"):
         verify_evidence(ev, ak, nonce, _policy(trust_dir, "cd" * 32, backend))

@@ -88,7 +88,7 @@ class Server:
         self.port_file.unlink(missing_ok=True)  # a port file from an earlier server on this state is stale
         cmd = [sys.executable, "-m", "sealfl.platform.cli", "device", "serve", "--trust", str(root / "trust"),
                "--release", str(release or root / "release"), "--state", str(tmp / "state"), "--port", "0",
-               "--port-file", str(self.port_file), *args]
+               "--port-file", str(self.port_file), "--tee", "sim", *args]
         self._fh = open(self.log, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._fh, stderr=self._fh, env={**os.environ, **(env or {})})
         self.proc.log_path = self.log
@@ -142,6 +142,12 @@ def test_kind_health_models_and_plain_chat_name_the_verified_release(server, rel
     state = json.loads((server.port_file.parent / "state" / "state.json").read_text())
     assert h["status"] == "ok" and h["release"]["name"] == "tiny-llm" and h["release"]["version"] == 1
     assert h["release"]["root_digest"] == state["last_good"]["root_digest"]
+    from sealfl.enclave.device.evidence import device_public_key
+
+    ak = device_public_key(server.port_file.parent / "state")
+    from sealfl.attestation.keys import keyid, load_public_key
+
+    assert h["tee"] == {"backend": "sim", "insecure": True, "ak_keyid": keyid(load_public_key(ak))}
     models = server.client.models.list().data
     assert [m.id for m in models] == ["tiny-llm"]
     r = server.client.chat.completions.create(model="tiny-llm", messages=MESSAGES, max_tokens=6, seed=1)
@@ -266,6 +272,28 @@ def test_kind_invalid_requests_get_400_naming_the_parameter(server, kind, body, 
     assert r.status_code == 400, (kind, r.text)
     err = r.json()["error"]
     assert err["param"] == param and err["type"] == "invalid_request_error" and err["message"], kind
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("endpoint, raw, param", [
+    ("chat", rb'{"messages": [{"role": "user", "content": "a\ud800b"}]}', "messages[0].content"),
+    ("chat", rb'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]}',
+     "messages[0].content[0].text"),
+    ("chat", rb'{"messages": [{"role": "user", "content": "hi", "name": "\ud83d"}]}', "messages[0].name"),
+    ("chat", rb'{"messages": [{"role": "user", "content": "hi"}], "stop": ["x", "\udc00"]}', "stop[1]"),
+    ("completion", rb'{"prompt": "\ud800"}', "prompt"),
+    ("completion", rb'{"prompt": "ok", "model": "\ud800tiny"}', "model"),
+])
+def test_kind_strings_that_are_not_unicode_text_get_400_naming_the_parameter(server, endpoint, raw, param, stream):
+    body = raw[:-1] + (b', "stream": true}' if stream else b"}")
+    r = httpx.post(server.url + ("/v1/chat/completions" if endpoint == "chat" else "/v1/completions"),
+                   content=body, headers={"Content-Type": "application/json"}, timeout=DEADLINE_S)
+    assert r.status_code == 400 and r.headers["content-type"].startswith("application/json"), r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["type"] == "invalid_request_error" and "Unicode" in err["message"]
+    ok = server.client.chat.completions.create(model="tiny-llm", messages=[{"role": "user", "content": "a😀b"}],
+                                               max_tokens=2)  # a paired surrogate escape is a real character
+    assert ok.usage.prompt_tokens > 0
 
 
 def test_kind_raw_bodies_truncated_oversized_or_for_another_model_are_refused(server):
@@ -400,6 +428,47 @@ def test_kind_busy_slots_answer_429_and_a_disconnect_frees_the_slot(release_root
     assert kids
     _wait(lambda: all(_gone(k) for k in kids), "the sandboxed children to exit")
     assert "Traceback" not in log and "interrupted" in log
+
+
+def test_kind_a_bounded_queue_waits_in_order_refuses_when_full_and_a_default_cap_ends_long_answers(
+        release_root, tmp_path):
+    """One slot, a queue of one, a default completion cap of 5 tokens. A paused stream holds
+    the slot; a chat request without max_tokens waits in the queue; the next one finds the
+    queue full: 429 at once. The stream is closed: the waiting request is served, and ends
+    after the default cap (finish 'length'); a request may ask for more."""
+    import threading
+
+    pause = tmp_path / "pause"
+    pause.mkdir()
+    s = Server(release_root, tmp_path, env={ENV_STAGE: "serve-stream", ENV_DIR: str(pause)},
+               args=("--max-concurrent", "1", "--queue", "1", "--queue-timeout", "120", "--default-max-tokens", "5"))
+    try:
+        h = s.wait_ready()
+        assert h["queue"] == {"size": 1, "timeout_s": 120.0}
+        stream = s.client.chat.completions.create(model="tiny-llm", messages=MESSAGES, max_tokens=200,
+                                                  temperature=1.0, seed=9, stream=True)
+        it = iter(stream)
+        next(it)
+        _wait(lambda: os.path.exists(event_path("serve-stream", pause)), "the pause point", proc=s.proc)
+        waited = {}
+        waiter = threading.Thread(target=lambda: waited.update(r=s.client.chat.completions.create(
+            model="tiny-llm", messages=MESSAGES, temperature=1.0, seed=2)))  # no max_tokens
+        waiter.start()
+        _wait(lambda: s.metric("sealfl_llm_requests_waiting") == 1, "a request in the queue", proc=s.proc)
+        with pytest.raises(openai.RateLimitError) as err:
+            s.client.chat.completions.create(model="tiny-llm", messages=MESSAGES, max_tokens=2)
+        assert err.value.response.headers["retry-after"] == "1" and "queue (1) is full" in err.value.body["message"]
+        assert s.metric("sealfl_llm_requests_rejected_total", {"reason": "busy"}) == 1
+        stream.close()  # the slot is handed to the waiting request
+        waiter.join(timeout=DEADLINE_S)
+        r = waited["r"]
+        assert r.usage.completion_tokens == 5 and r.choices[0].finish_reason == "length"
+        assert s.metric("sealfl_llm_requests_waiting") == 0
+        more = s.client.chat.completions.create(model="tiny-llm", messages=MESSAGES, max_tokens=9, temperature=1.0,
+                                                seed=2)
+        assert more.usage.completion_tokens > 5  # same seed and prompt: the capped answer went on
+    finally:
+        s.kill()
 
 
 def test_kind_health_is_503_until_loaded_and_sigterm_during_boot_leaves_no_child(release_root, tmp_path):

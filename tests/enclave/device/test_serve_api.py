@@ -60,7 +60,8 @@ def test_kind_valid_requests_are_accepted_with_their_values():
     assert (c.prompt, c.stop, c.temperature, c.max_tokens) == ("A list", ("x",), 0.0, 8)
     # OpenAI defaults: temperature 1, top_p 1, completions max_tokens 16, seed drawn by the server
     d = parse_completion_request(b'{"prompt": [1, 2, 3]}')
-    assert (d.prompt, d.temperature, d.top_p, d.max_tokens, d.seed) == ((1, 2, 3), 1.0, 1.0, 16, None)
+    assert (d.prompt, d.temperature, d.top_p, d.max_tokens, d.default_max_tokens, d.seed) == (
+        (1, 2, 3), 1.0, 1.0, None, 16, None)
     parts = parse_chat_request(_body({"messages": [{"role": "developer", "content": [
         {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}))
     assert parts.messages == ({"role": "system", "content": "ab"},)
@@ -160,7 +161,7 @@ def test_kind_a_body_over_the_cap_is_refused_before_parsing():
 
 def test_kind_prompts_beyond_the_context_are_refused():
     chat = parse_chat_request(_body({"messages": [{"role": "user", "content": "x"}]}))
-    assert fit_context(chat, 10, 64) == 54  # no max_tokens: what the context has left
+    assert fit_context(chat, 10, 64) == 54  # no max_tokens: the default cap (256), or what the context has left
     with pytest.raises(APIRequestError) as err:
         fit_context(chat, 64, 64)
     assert err.value.param == "messages" and err.value.code == "context_length_exceeded"
@@ -173,3 +174,71 @@ def test_kind_prompts_beyond_the_context_are_refused():
         fit_context(ids, 2, 64, vocab_size=400, prompt_ids=ids.prompt)
     assert err.value.param == "prompt[1]"
     assert fit_context(ids, 2, 64, vocab_size=401, prompt_ids=ids.prompt) == 16
+
+
+def test_kind_a_request_without_max_tokens_gets_the_documented_default_cap():
+    one = _body({"messages": [{"role": "user", "content": "x"}]})
+    assert fit_context(parse_chat_request(one), 10, 2048) == 256  # not the 2,038 tokens left in the context
+    assert fit_context(parse_chat_request(one, APILimits(default_max_tokens=40)), 10, 2048) == 40
+    asked = parse_chat_request(_body({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1500}))
+    assert fit_context(asked, 10, 2048) == 1500  # a request may ask for more, up to the context
+    completion = parse_completion_request(b'{"prompt": "x"}')
+    assert fit_context(completion, 10, 2048) == 16 and fit_context(completion, 60, 64) == 4  # capped, not refused
+
+
+@pytest.mark.parametrize("raw, param", [
+    (rb'{"messages": [{"role": "user", "content": "\ud800"}]}', "messages[0].content"),
+    (rb'{"messages": [{"role": "\udfffuser", "content": "x"}]}', "messages[0].role"),
+    (rb'{"messages": [{"role": "user", "content": "x"}], "stop": "\udbff"}', "stop"),
+    (rb'{"messages": [{"role": "user", "content": "x"}], "user": "\ud800"}', "user"),
+])
+def test_kind_strings_that_are_not_unicode_text_are_refused_by_name(raw, param):
+    e = _refused(parse_chat_request, raw, param)
+    assert e.code == "invalid_value" and "Unicode" in str(e)
+    e = _refused(parse_completion_request, b'{"prompt": "ok\\ud800"}', "prompt")
+    assert parse_chat_request(rb'{"messages": [{"role": "user", "content": "\ud83d\ude00"}]}').messages[0][
+        "content"] == "\U0001F600"  # a surrogate *pair* is one character
+
+
+class _Client:
+    """A waiting client: calling it gives what returns once it disconnected (``gone.set()``)."""
+
+    def __init__(self):
+        import asyncio
+
+        self.gone = asyncio.Event()
+
+    def __call__(self):
+        return self.gone.wait()
+
+
+def test_kind_the_slot_queue_is_bounded_first_come_first_served_and_times_out():
+    import asyncio
+
+    from sealfl.enclave.device.serve.metrics import ServeMetrics
+    from sealfl.enclave.device.serve.state import ReleaseInfo, ServeState, SlotQueue
+
+    async def scenario():
+        state = ServeState(1, ServeMetrics(1), queue_size=2, queue_timeout_s=0.3)
+        state.ready(ReleaseInfo("m", 1, "00" * 32, "int4"), [object()], 64)
+        q = SlotQueue(state, asyncio.get_running_loop())
+        slot, why = await q.acquire(_Client())
+        assert slot is not None and why == ""
+        first, second, gone = _Client(), _Client(), _Client()
+        t1 = asyncio.ensure_future(q.acquire(first))
+        t2 = asyncio.ensure_future(q.acquire(second))
+        await asyncio.sleep(0)  # both are queued now (the loop ran them up to their wait)
+        assert await q.acquire(_Client()) == (None, "busy")  # the queue of 2 is full
+        state.release_slot(slot)
+        got, _ = await t1  # the first to wait gets the slot
+        assert got is slot and not t2.done()
+        t3 = asyncio.ensure_future(q.acquire(gone))
+        await asyncio.sleep(0)
+        gone.gone.set()  # this client disconnects while waiting
+        assert await t3 == (None, "gone")
+        assert await t2 == (None, "queue_timeout")  # it waited 0.3 s
+        state.release_slot(got)
+        assert (await q.acquire(_Client()))[0] is slot  # nothing leaked: the slot is free again
+        assert state.metrics.waiting._value.get() == 0
+
+    asyncio.run(scenario())

@@ -8,7 +8,8 @@ import shutil
 
 import pytest
 
-from sealfl.enclave.device.boot import boot
+from sealfl.enclave.device.boot import boot, read_device_state
+from sealfl.enclave.device.policy import NothingRuns, boot_or_last_good
 from sealfl.enclave.device.provision import provision
 from sealfl.enclave.errors import BootError, TEEStateError
 from tests.support.releases import default_payload
@@ -21,6 +22,8 @@ def _release(enclave, tmp_path, version: int):
 
 
 def test_kind_deleted_or_restored_state_json_cannot_lower_the_floor(backend, trust_dir, enclave, tmp_path):
+    """... and the device recovers from the floor plus the slots that verify: the newest
+    release's slot is still on disk, so it runs (exit 3) and state.json is rebuilt."""
     state = tmp_path / "device"
     provision(state, backend)
     v3, v4 = _release(enclave, tmp_path, 3), _release(enclave, tmp_path, 4)
@@ -28,16 +31,27 @@ def test_kind_deleted_or_restored_state_json_cannot_lower_the_floor(backend, tru
     old_state = (state / "state.json").read_bytes()
     with boot(trust_dir, v4, state) as dev:
         assert dev.tee.backend == backend and dev.tee.read_floor().version == 4
-    (state / "state.json").unlink()  # deleted
-    with pytest.raises(BootError) as info:
-        boot(trust_dir, v3, state)
-    assert (info.value.reason, info.value.check) == ("verification", "rollback")
-    assert "floor kept in the device TEE (4)" in str(info.value)
-    (state / "state.json").write_bytes(old_state)  # restored from an old backup
-    with pytest.raises(BootError) as info:
-        boot(trust_dir, v3, state)
-    assert info.value.check == "rollback"
+    good_state = (state / "state.json").read_bytes()
+    # both damages on both backends would double the boots; the recovery does not depend on the backend
+    for damage in (["deleted"] if backend == "sim" else ["restored from an old backup"]):
+        if damage == "deleted":
+            (state / "state.json").unlink()
+        else:
+            (state / "state.json").write_bytes(old_state)  # names v3, whose slot was removed when v4 came
+        with pytest.raises(BootError) as info:
+            boot(trust_dir, v3, state)
+        assert (info.value.reason, info.value.check) == ("verification", "rollback")
+        assert "floor kept in the device TEE (4)" in str(info.value)
+        outcome = boot_or_last_good(trust_dir, v3, state)  # what `device boot` does
+        with outcome.device as dev:
+            assert outcome.exit_code == 3 and dev.release.version == 4  # not exit 2: the v4 slot verifies
+        assert (state / "state.json").read_bytes() == good_state.replace(
+            str(v4.resolve()).encode(), str(state.resolve() / read_device_state(state).last_good.slot).encode())
     boot(trust_dir, v4, state).close()  # the very same release still re-boots
+    shutil.rmtree(state / "slots")
+    (state / "state.json").unlink()
+    with pytest.raises(NothingRuns, match="no slot in .* holds the release at the TEE floor"):
+        boot_or_last_good(trust_dir, v3, state)  # nothing the floor allows is left: refused, said why
 
 
 def test_kind_missing_tee_state_refuses_until_reprovisioned(backend, trust_dir, enclave, tmp_path):
@@ -65,10 +79,10 @@ def test_kind_tee_floor_of_another_ak_refuses_boot(backend, trust_dir, enclave, 
     provision(state, backend)
     v3 = _release(enclave, tmp_path, 3)
     boot(trust_dir, v3, state).close()
-    provision(other, backend)
+    provision(other, backend, force=True)  # on tpm: taking the TPM's AK over, on purpose
     if backend == "sim":  # a sealed record from another device's TEE cannot be unsealed here
         shutil.copy(other / "tee" / "floor.seal", state / "tee" / "floor.seal")
-    # on tpm, provisioning `other` on the same TPM replaced the AK: state's tee/ is foreign now
+    # on tpm, provisioning `other` on the same TPM (--force) replaced the AK: state's tee/ is foreign now
     with pytest.raises(BootError) as info:
         boot(trust_dir, v3, state)
     assert info.value.reason == "tee-state" and "re-provision" in str(info.value)

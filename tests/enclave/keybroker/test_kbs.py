@@ -160,7 +160,9 @@ def test_kind_kbs_server_over_http_releases_and_refuses(swtpm, trust_dir, releas
     keys.chmod(0o600)
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "sealfl.platform.cli", "kbs", "serve", "--policy", str(policy),
-                             "--ak", str(ak_pem), "--keys", str(keys), "--port", str(port)],
+                             "--ak", str(ak_pem), "--keys", str(keys), "--port", str(port),
+                             "--forwarded-allow-ips", "127.0.0.1",  # as behind a reverse proxy on this host
+                             "--challenge-rate", "0.01"],  # no token comes back during the test, however slow it runs
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         end = time.monotonic() + 60
@@ -173,10 +175,76 @@ def test_kind_kbs_server_over_http_releases_and_refuses(swtpm, trust_dir, releas
                 assert time.monotonic() < end, "kbs did not listen within 60 s"
                 time.sleep(0.05)
         url = f"http://127.0.0.1:{port}"
-        assert request_key(url, state) == (root, key)
+        import httpx
+
+        flood = [httpx.post(url + "/challenge", headers={"X-Forwarded-For": "203.0.113.9"}, timeout=60)
+                 for _ in range(12)]  # one client (as the proxy forwards it) floods
+        assert [r.status_code for r in flood] == [200] * 8 + [429] * 4  # its burst, then 429s
+        assert flood[-1].json()["check"] == "rate" and int(flood[-1].headers["Retry-After"]) >= 1
+        assert request_key(url, state) == (root, key)  # another client is served as if nothing happened
         (state / "eventlog.json").write_bytes((state / "eventlog.json").read_bytes().replace(root.encode(), b"0" * 64))
         with pytest.raises(KeyRequestRefused):
             request_key(url, state)
     finally:
         os.kill(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)
+
+
+@pytest.mark.parametrize("backend", ["sim"], indirect=True)  # the bounds do not depend on the TEE
+def test_kind_a_challenge_flood_cannot_crowd_out_a_genuine_challenge(backend, device):
+    """One client asks for 10,000 challenges: it gets its burst, then 429s with a time to
+    retry -- and the genuine device's unexpired challenge stays valid. Many clients together
+    hit the total bound: refused too, and still nothing issued is evicted."""
+    from sealfl.enclave.keybroker.broker import ChallengeLimits
+
+    state, ak, root, policy = device
+    clock = Clock()
+    broker = KeyBroker(policy, [ak], {root: b"k" * 32},
+                       limits=ChallengeLimits(ttl_s=60, per_client=16, total=100, rate_per_s=2, burst=8), clock=clock)
+    genuine = broker.challenge("10.0.0.2")
+    refused, retry = 0, set()
+    for _ in range(10_000):
+        try:
+            broker.challenge("10.0.0.9")
+        except KeyRequestRefused as exc:
+            assert exc.check == "rate"
+            refused += 1
+            retry.add(exc.retry_after_s)
+    assert refused == 10_000 - 8 and retry == {1}  # the burst, then one token per 0.5 s: retry after 1 s
+    clock.t += 30  # tokens come back; the per-client bound holds what is left unused
+    for _ in range(8):
+        broker.challenge("10.0.0.9")
+    with pytest.raises(KeyRequestRefused, match="16 unused challenges are outstanding") as info:
+        clock.t += 10
+        broker.challenge("10.0.0.9")
+    assert info.value.retry_after_s == 20  # when its oldest expires (issued at t=1000, ttl 60, now 1040)
+    for i in range(100):  # many clients: the total bound
+        try:
+            broker.challenge(f"10.1.{i // 250}.{i % 250}")
+        except KeyRequestRefused as exc:
+            assert "outstanding challenges" in str(exc) and exc.check == "rate"
+    assert broker.outstanding() == 100
+    assert broker.outstanding("10.0.0.2") == 1  # nothing evicted the genuine one
+    pair = wrap.new_request_key()
+    pub = wrap.public_bytes(pair)
+    ev = attest_device(state, wrap.binding(bytes.fromhex(genuine), pub), purpose=KEY_REQUEST_PURPOSE)
+    out = broker.release_key({"nonce": genuine, "public_key": base64.b64encode(pub).decode(),
+                              "ak_keyid": keyid(ak), "evidence": ev})
+    assert wrap.unwrap(pair, root, base64.b64decode(out["enc"]), base64.b64decode(out["wrapped_key"])) == b"k" * 32
+
+
+def test_kind_a_private_key_given_as_a_device_ak_is_named_as_such(tmp_path):
+    import json
+
+    from sealfl.attestation.keys import generate_key, private_key_to_pem
+    from sealfl.enclave.errors import KeyBrokerError
+    from sealfl.enclave.keybroker.server import load_broker
+
+    policy, keys, priv = tmp_path / "policy.json", tmp_path / "keys.json", tmp_path / "ak.pem"
+    policy.write_text(json.dumps({"schema": POLICY_SCHEMA, "backends": ["tpm"], "runtime_code": [], "config": [],
+                                  "release_root": []}))
+    keys.write_text(json.dumps({"ab" * 32: base64.b64encode(b"k" * 32).decode()}))
+    keys.chmod(0o600)
+    priv.write_bytes(private_key_to_pem(generate_key()))  # the operator copied the wrong file
+    with pytest.raises(KeyBrokerError, match=r"--ak .*ak\.pem: holds a PRIVATE key, not a public key"):
+        load_broker(policy, [priv], keys)

@@ -565,3 +565,25 @@ def test_the_stage_comparison_finds_any_differing_byte():
         assert not _same(fd, data[:-1]) and not _same(fd, data + b"\0")
     finally:
         os.close(fd)
+
+
+def test_kind_a_childs_terminal_codes_never_reach_a_refusal():
+    """onnxruntime colours its warnings (ECMA-48 ``ESC [ 0;93m``) on the child's stderr; a
+    refusal that quotes that stderr carries the text, not the codes."""
+    import os
+    import signal
+
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+                              [numpy_helper.from_array(np.ones(3, np.float32), "unused")])  # ORT warns about it
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    rt = SandboxedRuntime(model.SerializeToString())
+    os.kill(rt.pid, signal.SIGKILL)
+    with pytest.raises(RuntimeSandboxError) as info:
+        rt.run({"x": np.zeros((1, 4), np.float32)})
+    msg = str(info.value)
+    assert "Removing initializer 'unused'" in msg and "\x1b" not in msg and "[0;93m" not in msg

@@ -72,6 +72,10 @@ def test_kind_tpm_quote_json_agrees_with_signed_attest(swtpm, tmp_path):
     quote = tee.quote("challenge", nonce, [16, 23])
     info = parse_quote_attest(base64.b64decode(quote["attest"]))
     assert info.extra_data == qualifying_data("challenge", nonce)
+    from Crypto.Util.asn1 import DerSequence
+
+    s = int(DerSequence().decode(base64.b64decode(quote["signature"]))[1])
+    assert s <= 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551 // 2  # stored in its low-S form
     assert info.selection == {0x000B: frozenset({16, 23})}
     assert info.pcr_digest == hashlib.sha256(bytes.fromhex(quote["pcrs"]["16"]) + _ext(ZERO, M1)).digest()
     for field, value in (("nonce", "00" * 32), ("pcr_digest", "11" * 32), ("pcrs", {"23": _ext(ZERO, M1).hex()})):
@@ -132,7 +136,11 @@ def test_kind_state_dir_reused_or_missing_is_refused(backend, tmp_path):
 def test_kind_tpm_reprovision_keeps_floor_and_old_state_is_refused(swtpm, tmp_path):
     tee = create_tee("tpm", tmp_path / "a")
     tee.write_floor(tee.read_floor().raised(5, "ab" * 32))
-    new = create_tee("tpm", tmp_path / "b")  # wiping tee/ and provisioning again
+    with pytest.raises(TEEStateError, match="another device state.*--force"):
+        create_tee("tpm", tmp_path / "b")  # another state would take the TPM's AK over
+    assert not (tmp_path / "b").exists()
+    load_tee("tpm", tmp_path / "a")  # untouched
+    new = create_tee("tpm", tmp_path / "b", replace=True)  # wiping tee/ and provisioning again, on purpose
     assert new.ak_keyid() != tee.ak_keyid()
     assert new.read_floor() == FloorRecord(new.ak_keyid(), 5, "ab" * 32)
     with pytest.raises(TEEStateError, match="another key"):

@@ -53,7 +53,7 @@ def test_kind_llm_release_carries_every_file_and_boots_to_generate(released, tmp
                             "generation_config.json"}
     assert metadata["variants"]["int4"]["gate"]["passed"] and metadata["gate"]["thresholds"] == LOOSE
     for variant in ("int4", "int8"):
-        with boot(root / "trust", root / "release", tmp_path / f"state-{variant}", variant=variant) as dev:
+        with boot(root / "trust", root / "release", tmp_path / f"state-{variant}", variant=variant, backend="sim") as dev:
             assert dev.is_llm and dev.model_file == f"model.{variant}.onnx"
             assert dev.canary_stats["agreement"] >= metadata["variants"][variant]["canary"]["min_agreement"]
             r = dev.chat([{"role": "user", "content": "What is a list?"}], SamplingParams(max_tokens=5))
@@ -74,7 +74,7 @@ def test_kind_tampered_llm_files_are_refused_at_boot(released, tmp_path, victim)
     data[len(data) // 2] ^= 0x20  # e.g. one letter of the template changes case
     (rel / victim).write_bytes(bytes(data))
     with pytest.raises(BootError) as err:
-        boot(root / "trust", rel, tmp_path / "state")
+        boot(root / "trust", rel, tmp_path / "state", backend="sim")
     assert err.value.reason == "verification" and err.value.file == victim and err.value.check == "hash"
 
 
@@ -86,7 +86,7 @@ def test_kind_a_canary_this_device_cannot_meet_is_refused(released, tmp_path):
     bad["variants"]["int4"] = {**bad["variants"]["int4"], "canary": canary}
     enclave.write_release(tmp_path / "release", payload, "tiny-llm", 2, bad)
     with pytest.raises(BootError) as err:
-        boot(root / "trust", tmp_path / "release", tmp_path / "state")
+        boot(root / "trust", tmp_path / "release", tmp_path / "state", backend="sim")
     assert err.value.reason == "canary" and "agree" in str(err.value)
 
 

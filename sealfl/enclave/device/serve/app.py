@@ -5,7 +5,8 @@ Routes:
 
 * ``GET /health`` -- 503 ``{"status": "loading" | "refused" | "stopping", ...}`` until a
   verified model serves, then 200 ``{"status": "ok", "release": {name, version,
-  root_digest, variant, statement_digest}}``;
+  root_digest, variant, statement_digest}, "tee": {backend, insecure, ak_keyid}, "slots",
+  "queue"}`` (``tee.insecure`` is true on the ``sim`` simulation);
 * ``GET /metrics`` -- Prometheus text format (:mod:`sealfl.enclave.device.serve.metrics`);
 * ``GET /v1/models`` -- the one verified release;
 * ``GET /attestation?nonce=HEX`` -- the device's evidence for the verifier's nonce (1..64
@@ -19,7 +20,8 @@ Routes:
 A generation request: body read up to the cap (400 beyond, without reading more) ->
 checked (:mod:`sealfl.enclave.device.serve.openai_api`, 400 naming the parameter) -> model id (404) ->
 prompt rendered with the release's chat template and tokenized, context checked (400) ->
-a free slot or 429 with ``Retry-After`` (never queued) -> generation on a worker thread
+a free slot, else a place in the bounded queue (:class:`~sealfl.enclave.device.serve.state.SlotQueue`: ``--queue`` places, at
+most ``--queue-timeout`` s, first come first served), else 429 with ``Retry-After`` -> generation on a worker thread
 whose text pieces reach the client as they are decoded (a piece never ends inside a
 UTF-8 character or a possible stop string: :func:`~sealfl.enclave.sandbox.llm_runtime.emit_limit`).
 A client that disconnects (stream or not) sets the request's cancel event; the runtime's
@@ -51,7 +53,7 @@ from sealfl.enclave.device.serve.openai_api import (
     parse_chat_request,
     parse_completion_request,
 )
-from sealfl.enclave.device.serve.state import ServeState, Slot
+from sealfl.enclave.device.serve.state import ServeState, Slot, SlotQueue
 from sealfl.enclave.errors import RuntimeSandboxError
 from sealfl.enclave.sandbox.decode import SamplingParams
 
@@ -140,6 +142,12 @@ class _Job:
         return res
 
 
+async def _disconnected(request) -> None:
+    """Return when the client has gone (ASGI ``http.disconnect``)."""
+    while (await request.receive()).get("type") != "http.disconnect":
+        pass
+
+
 def _error_response(exc: APIRequestError, headers: dict | None = None):
     return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
@@ -179,11 +187,21 @@ def create_app(state: ServeState, limits: APILimits = DEFAULT_LIMITS):
     """The FastAPI application over ``state`` (module docstring)."""
     app = FastAPI(title="sealfl device", docs_url=None, redoc_url=None, openapi_url=None)
     executor = ThreadPoolExecutor(max_workers=max(1, state.max_concurrent), thread_name_prefix="sealfl-gen")
+    queues: dict[int, SlotQueue] = {}
+
+    def slot_queue() -> SlotQueue:
+        loop = asyncio.get_running_loop()
+        if id(loop) not in queues:
+            queues.clear()
+            queues[id(loop)] = SlotQueue(state, loop)
+        return queues[id(loop)]
 
     @app.get("/health")
     async def health():
         if state.serving():
-            return {"status": "ok", "release": state.release.to_dict(), "slots": state.max_concurrent}
+            return {"status": "ok", "release": state.release.to_dict(), "tee": dict(state.tee),
+                    "slots": state.max_concurrent,
+                    "queue": {"size": state.queue_size, "timeout_s": state.queue_timeout_s}}
         body = {"status": state.status if state.status != "ready" else "no-working-slot"}
         if state.error:
             body["error"] = state.error
@@ -238,10 +256,14 @@ def create_app(state: ServeState, limits: APILimits = DEFAULT_LIMITS):
             state.metrics.reject({503: "not_ready", 404: "unknown_model"}.get(exc.status, "context" if exc.code
                                  == "context_length_exceeded" else "invalid"))
             return _error_response(exc)
-        slot = state.acquire()
+        slot, why = await slot_queue().acquire(lambda: _disconnected(request))
         if slot is None:
-            state.metrics.reject("busy")
-            exc = APIRequestError(f"all {state.max_concurrent} generation slots are busy; retry after "
+            if why == "gone":
+                return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
+            state.metrics.reject(why)
+            waited = (f"; it waited {state.queue_timeout_s:g} s in the queue" if why == "queue_timeout" else
+                      f" and the queue ({state.queue_size}) is full" if state.queue_size else "")
+            exc = APIRequestError(f"all {state.max_concurrent} generation slots are busy{waited}; retry after "
                                   f"{RETRY_AFTER_S} s", param=None, code="too_many_requests", status=429,
                                   type="rate_limit_error")
             return _error_response(exc, {"Retry-After": str(RETRY_AFTER_S)})

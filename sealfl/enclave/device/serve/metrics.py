@@ -15,6 +15,7 @@ Families (one :class:`ServeMetrics` per server, in its own registry):
 ``sealfl_llm_generation_tokens_total``               counter    tokens generated
 ``sealfl_llm_requests_total{endpoint,finish_reason}``  counter  finished requests
 ``sealfl_llm_requests_running``                      gauge      requests holding a slot
+``sealfl_llm_requests_waiting``                      gauge      requests queued for a slot (``--queue``)
 ``sealfl_llm_requests_rejected_total{reason}``       counter    refused requests
 ``sealfl_llm_slots``                                 gauge      ``--max-concurrent``
 ``sealfl_llm_kv_cache_usage_ratio``                  gauge      tokens held in KV caches / (slots x context)
@@ -45,7 +46,7 @@ from prometheus_client import (
 __all__ = ["ServeMetrics", "REJECT_REASONS", "FINISH_REASONS", "ENDPOINTS", "CONTENT_TYPE", "rss_bytes"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-REJECT_REASONS = ("busy", "invalid", "not_ready", "unknown_model", "context")
+REJECT_REASONS = ("busy", "queue_timeout", "invalid", "not_ready", "unknown_model", "context")
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
 ENDPOINTS = ("chat", "completion")
 
@@ -93,6 +94,7 @@ class ServeMetrics:
         self.requests = Counter("sealfl_llm_requests", "Finished generation requests.",
                                 ["endpoint", "finish_reason"], registry=r)
         self.running = Gauge("sealfl_llm_requests_running", "Requests holding a generation slot.", registry=r)
+        self.waiting = Gauge("sealfl_llm_requests_waiting", "Requests waiting in the queue for a slot.", registry=r)
         self.rejected = Counter("sealfl_llm_requests_rejected", "Requests refused, by reason.", ["reason"],
                                 registry=r)
         self.slots = Gauge("sealfl_llm_slots", "Generation slots (--max-concurrent).", registry=r)

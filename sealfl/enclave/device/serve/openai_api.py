@@ -6,7 +6,9 @@ refusal is tested directly. The order of checks:
 
 1. size: at most :attr:`APILimits.max_body_bytes` bytes (before parsing);
 2. strict JSON (:func:`sealfl.attestation.canonical.loads_strict`: UTF-8, one object, no
-   duplicate keys, no NaN/Infinity; a truncated body fails here);
+   duplicate keys, no NaN/Infinity, no string that is not Unicode text -- an unpaired
+   surrogate escape such as ``"\ud800"`` is refused naming its parameter; a truncated body
+   fails here);
 3. every known parameter: its JSON type, then its range; unknown parameters and OpenAI
    features the device does not offer (tools, logprobs, ``n`` > 1, penalties, ...) are
    refused by name rather than silently ignored.
@@ -23,6 +25,12 @@ Parameters and ranges follow OpenAI's API reference for ``POST /v1/chat/completi
 random seed per request), ``max_tokens`` (chat also ``max_completion_tokens``) a positive
 integer, ``stream`` and ``stream_options.include_usage`` booleans. The context check
 (:func:`fit_context`) needs the prompt's token count and runs after rendering.
+
+**Completion cap.** A request without ``max_tokens`` gets at most
+:attr:`APILimits.default_max_tokens` new tokens (chat; ``device serve --default-max-tokens``,
+default 256 -- as llama.cpp's server caps with ``--n-predict``) or 16 (completions, OpenAI's
+documented default), fewer when the context has less room; a request may ask for more, up
+to the room its prompt leaves in the context (and :attr:`APILimits.max_new_tokens`).
 """
 
 from __future__ import annotations
@@ -107,6 +115,8 @@ class APILimits:
         max_stop_chars: longest stop string, characters.
         max_new_tokens: largest ``max_tokens`` (:data:`~sealfl.enclave.sandbox.decode.MAX_NEW_TOKENS_CAP`).
         max_temperature: highest temperature (OpenAI: 2).
+        default_max_tokens: new tokens of a chat request that gives no ``max_tokens``
+            (module docstring).
     """
 
     max_body_bytes: int = 1 << 20
@@ -116,6 +126,7 @@ class APILimits:
     max_stop_chars: int = 256
     max_new_tokens: int = MAX_NEW_TOKENS_CAP
     max_temperature: float = 2.0
+    default_max_tokens: int = 256
 
 
 DEFAULT_LIMITS = APILimits()
@@ -131,7 +142,8 @@ class GenerationRequest:
         messages: chat messages ``({"role", "content"}, ...)`` (``developer`` mapped to
             ``system``); empty for completions.
         prompt: completion prompt: text or token ids; None for chats.
-        max_tokens: new tokens at most (None: until the context is full).
+        max_tokens: new tokens the client asked for at most (None: not given).
+        default_max_tokens: the cap when ``max_tokens`` is None (limited by the context).
         temperature: sampling temperature in [0, max_temperature].
         top_p: nucleus mass in (0, 1].
         stop: stop strings.
@@ -145,6 +157,7 @@ class GenerationRequest:
     messages: tuple = ()
     prompt: str | tuple[int, ...] | None = None
     max_tokens: int | None = None
+    default_max_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
     stop: tuple[str, ...] = field(default=())
@@ -171,6 +184,9 @@ def _load(body: bytes, limits: APILimits) -> dict:
     try:
         return loads_strict(bytes(body))
     except JSONFormatError as exc:
+        if exc.path:  # one value is at fault (e.g. a string that is not Unicode text)
+            raise _err(exc.path, "is not valid Unicode text (an unpaired UTF-16 surrogate such as \\ud800); "
+                                 "send valid UTF-8", "invalid_value") from exc
         raise _err("body", f"not a JSON object: {exc}; send one UTF-8 JSON object", "invalid_json") from exc
 
 
@@ -278,7 +294,7 @@ def _prompt(v: Any, limits: APILimits) -> str | tuple[int, ...]:
 
 
 def _common(doc: Mapping, limits: APILimits, kind: str, allowed_noop: tuple[str, ...], extra_keys: tuple[str, ...],
-            default_max_tokens: int | None) -> dict:
+            default_max_tokens: int) -> dict:
     unknown = sorted(set(doc) - set(_COMMON) - set(allowed_noop) - set(extra_keys))
     if unknown:
         raise _err(unknown[0], "unrecognized request argument (this device serves the OpenAI "
@@ -298,7 +314,8 @@ def _common(doc: Mapping, limits: APILimits, kind: str, allowed_noop: tuple[str,
         max_tokens = _integer(doc["max_completion_tokens"], "max_completion_tokens", 1, limits.max_new_tokens)
     elif max_tokens is not None:
         max_tokens = _integer(max_tokens, "max_tokens", 1, limits.max_new_tokens)
-    out["max_tokens"] = max_tokens if max_tokens is not None else default_max_tokens
+    out["max_tokens"] = max_tokens
+    out["default_max_tokens"] = default_max_tokens
     if doc.get("temperature") is not None:
         out["temperature"] = _number(doc["temperature"], "temperature", 0.0, limits.max_temperature)
     if doc.get("top_p") is not None:
@@ -338,7 +355,7 @@ def parse_chat_request(body: bytes, limits: APILimits = DEFAULT_LIMITS) -> Gener
             names it.
     """
     doc = _load(body, limits)
-    out = _common(doc, limits, "chat", _CHAT_NOOP, ("messages", "max_completion_tokens"), None)
+    out = _common(doc, limits, "chat", _CHAT_NOOP, ("messages", "max_completion_tokens"), limits.default_max_tokens)
     return GenerationRequest(messages=_messages(doc.get("messages"), limits), **out)
 
 
@@ -357,7 +374,8 @@ def parse_completion_request(body: bytes, limits: APILimits = DEFAULT_LIMITS) ->
 
 def fit_context(req: GenerationRequest, prompt_tokens: int, max_context: int, vocab_size: int | None = None,
                 prompt_ids: tuple[int, ...] = ()) -> int:
-    """The number of new tokens to allow: ``req.max_tokens``, or all the context has left.
+    """The number of new tokens to allow: ``req.max_tokens``, or ``req.default_max_tokens``
+    limited by what the context has left.
 
     Args:
         req: the checked request.
@@ -381,7 +399,7 @@ def fit_context(req: GenerationRequest, prompt_tokens: int, max_context: int, vo
         raise _err(where, f"the prompt has {prompt_tokens} tokens; this model's context is {max_context} tokens",
                    "context_length_exceeded")
     if req.max_tokens is None:
-        return min(room, MAX_NEW_TOKENS_CAP)
+        return min(room, req.default_max_tokens, MAX_NEW_TOKENS_CAP)
     if req.max_tokens > room:
         raise _err("max_tokens", f"{prompt_tokens} prompt tokens + max_tokens {req.max_tokens} exceed this model's "
                                  f"context of {max_context} tokens; ask for at most {room}", "context_length_exceeded")

@@ -71,6 +71,9 @@ class ServeOptions:
         timeout_s: longest wait for one token from a child, seconds.
         key_source: key source for a release encrypted at rest
             (:func:`sealfl.enclave.device.kbs_client.broker_key_source`), or None.
+        backend: the TEE backend asked for (``--tee``), or None for the provisioned one.
+        queue_size: requests that may wait for a free slot (0: none; 429 at once).
+        queue_timeout_s: longest wait in that queue, seconds (then 429).
     """
 
     host: str = "127.0.0.1"
@@ -82,6 +85,9 @@ class ServeOptions:
     threads: int | None = None
     timeout_s: float = 120.0
     key_source: KeySource | None = None
+    backend: str | None = None
+    queue_size: int = 0
+    queue_timeout_s: float = 30.0
 
 
 class _Stop(BaseException):
@@ -136,19 +142,16 @@ def _boot(trust: Path, release_dir: Path, state_dir: Path, opts: ServeOptions, s
         say(f"refused: {exc}")
 
     try:
-        outcome = boot_or_last_good(trust, release_dir, state_dir, key_source=opts.key_source, variant=opts.variant,
-                                    runtime_options=runtime_options, on_refused=refused)
+        outcome = boot_or_last_good(trust, release_dir, state_dir, backend=opts.backend, key_source=opts.key_source,
+                                    variant=opts.variant, runtime_options=runtime_options, require_llm=True,
+                                    on_refused=refused)
     except BootError as exc:
         state.status, state.error = "refused", str(exc)
         raise
     dev = outcome.device
     if outcome.kept_last_good:
         say(f"kept the last good release v{dev.release.version}")
-    if not dev.is_llm:
-        dev.close()
-        state.status, state.error = "refused", f"release {dev.release.name} is not a causal LM"
-        raise BootError(f"release {dev.release.name} is not a causal LM; 'device serve' serves language models",
-                        reason="model")
+    state.tee = {"backend": dev.tee.backend, "insecure": bool(dev.tee.insecure), "ak_keyid": dev.tee.ak_keyid()}
     release, spec, runtimes = _trimmed(dev.release, dev.llm_spec), dev.llm_spec, [dev.runtime]
     del dev  # the other variant's bytes (read for verification) go with it, before more slots load
     trim_heap()
@@ -207,7 +210,8 @@ def run_server(trust: Path, release_dir: Path, state_dir: Path, opts: ServeOptio
         raise ServeOptionsError(f"max_concurrent must lie in [1, 16], got {opts.max_concurrent}")
     state: ServeState
     metrics = ServeMetrics(opts.max_concurrent, worker_pids=lambda: state.worker_pids())
-    state = ServeState(opts.max_concurrent, metrics, state_dir=str(state_dir))
+    state = ServeState(opts.max_concurrent, metrics, state_dir=str(state_dir), queue_size=opts.queue_size,
+                       queue_timeout_s=opts.queue_timeout_s)
     sock = _bind(opts.host, opts.port)
     port = sock.getsockname()[1]
     app = create_app(state, opts.limits)

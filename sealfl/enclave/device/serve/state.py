@@ -3,8 +3,10 @@ served release, the generation slots, the metrics.
 
 A **slot** is one :class:`~sealfl.enclave.sandbox.llm_runtime.LLMRuntime` (one sandboxed child
 with its own KV cache) that serves one request at a time. ``--max-concurrent N`` means N
-slots; a request that finds no free slot is refused at once (HTTP 429), so nothing is
-ever queued: memory is bounded by N children and N requests in flight.
+slots; a request that finds no free slot waits in a bounded FIFO queue (``--queue Q``, at
+most ``--queue-timeout`` seconds; :class:`SlotQueue`) or, with
+the queue full or ``Q = 0``, is refused at once (HTTP 429): memory is bounded by N
+children, N requests in flight and Q waiting bodies.
 
 Runtimes are created on the server's **main thread** only (their children carry
 ``PR_SET_PDEATHSIG``, which fires when the creating thread exits); a slot whose child died
@@ -15,15 +17,18 @@ canary) and counts a worker restart.
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import logging
 import queue
 import threading
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from sealfl.enclave.device.serve.metrics import ServeMetrics
 
-__all__ = ["Slot", "ServeState", "ReleaseInfo"]
+__all__ = ["Slot", "ServeState", "ReleaseInfo", "SlotQueue"]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +72,11 @@ class ServeState:
         slots: the slots (empty until ready).
         max_context: the release's context limit, tokens.
         state_dir: the device state directory (``GET /attestation`` quotes its TEE).
+        queue_size: requests that may wait for a slot (0: none).
+        queue_timeout_s: longest wait for a slot, seconds.
+        tee: the TEE the served release booted on (``{"backend", "insecure", "ak_keyid"}``),
+            shown by ``/health``.
+        on_slot_free: called (from any thread) when a slot is given back.
     """
 
     max_concurrent: int
@@ -77,6 +87,10 @@ class ServeState:
     release: ReleaseInfo | None = None
     slots: list[Slot] = field(default_factory=list)
     max_context: int = 0
+    queue_size: int = 0
+    queue_timeout_s: float = 30.0
+    tee: dict = field(default_factory=dict)
+    on_slot_free: Any = None
     tokenizer_runtime: Any = None
     restarts: "queue.Queue" = field(default_factory=queue.Queue)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -124,6 +138,8 @@ class ServeState:
             if slot.busy:
                 slot.busy = False
                 self.metrics.running.dec()
+        if self.on_slot_free is not None:
+            self.on_slot_free()
 
     def request_restart(self, slot: Slot) -> None:
         """Mark ``slot`` broken (its child died) and ask the main thread to restart it."""
@@ -137,6 +153,8 @@ class ServeState:
             slot.runtime = runtime
             slot.broken = False
         self.metrics.worker_restarts.inc()
+        if self.on_slot_free is not None:
+            self.on_slot_free()
 
     def serving(self) -> bool:
         """True while ready with at least one working slot."""
@@ -160,3 +178,71 @@ class ServeState:
                 rt.close()
             except Exception:  # noqa: BLE001 -- shutting down: close the others regardless
                 log.exception("closing a runtime failed")
+
+
+class SlotQueue:
+    """Requests waiting for a generation slot, first come first served (runs on the event
+    loop; :attr:`ServeState.on_slot_free` wakes it from the worker threads).
+
+    At most ``state.queue_size`` wait, each at most ``state.queue_timeout_s`` seconds, as
+    llama.cpp's server and vLLM queue requests beyond their running batch; beyond that the
+    caller answers 429. A client that disconnects while waiting leaves the queue.
+    """
+
+    def __init__(self, state: ServeState, loop: asyncio.AbstractEventLoop) -> None:
+        self.state, self.loop = state, loop
+        self._waiting: collections.deque[asyncio.Future] = collections.deque()
+        state.on_slot_free = self._wake_soon
+
+    def _wake_soon(self) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self._wake)
+        except RuntimeError:  # the loop is closed: stopping
+            pass
+
+    def _wake(self) -> None:
+        while self._waiting:
+            fut = self._waiting[0]
+            if fut.done():
+                self._waiting.popleft()
+                continue
+            slot = self.state.acquire()
+            if slot is None:
+                break
+            self._waiting.popleft()
+            fut.set_result(slot)
+        self.state.metrics.waiting.set(len(self._waiting))
+
+    async def acquire(self, gone: Callable[[], Awaitable]) -> tuple[Slot | None, str]:
+        """A slot, or ``(None, reason)``: ``"busy"`` (queue full or disabled),
+        ``"queue_timeout"``, ``"gone"`` (``gone()``, awaited while waiting, returned: the
+        client disconnected)."""
+        if not self._waiting:
+            slot = self.state.acquire()
+            if slot is not None:
+                return slot, ""
+        if len(self._waiting) >= self.state.queue_size:
+            return None, "busy"
+        fut = self.loop.create_future()
+        self._waiting.append(fut)
+        self.state.metrics.waiting.set(len(self._waiting))
+        gone = asyncio.ensure_future(gone())
+        got, why = None, "queue_timeout"
+        try:
+            done, _ = await asyncio.wait({fut, gone}, timeout=self.state.queue_timeout_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if gone in done:
+                why = "gone"
+            elif fut in done and not fut.cancelled():
+                got = fut.result()
+        finally:
+            gone.cancel()
+            if got is None:
+                if fut.done() and not fut.cancelled():
+                    self.state.release_slot(fut.result())  # a slot it will not use: hand it on
+                else:
+                    fut.cancel()
+            if fut in self._waiting:
+                self._waiting.remove(fut)
+            self.state.metrics.waiting.set(len(self._waiting))
+        return (got, "") if got is not None else (None, why)
