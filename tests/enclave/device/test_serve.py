@@ -44,6 +44,12 @@ def server(release_root, tmp_path_factory):
     s.kill()
 
 
+def test_kind_the_inference_protocol_is_not_ready_for_a_language_model(server):
+    r = httpx.get(server.url + "/v2/health/ready", timeout=DEADLINE_S)
+    assert r.status_code == 503 and r.json() == {"ready": False}
+    infer = httpx.post(server.url + "/v2/models/tiny-llm/infer", json={"inputs": []}, timeout=DEADLINE_S)
+    assert infer.status_code == 503 and "/v1" in infer.json()["error"]
+
 def test_kind_health_models_and_plain_chat_name_the_verified_release(server, release_root):
     h = server.health().json()
     state = json.loads((server.port_file.parent / "state" / "state.json").read_text())
@@ -251,7 +257,7 @@ def test_kind_metrics_parse_with_the_expected_families_and_prometheus_names(serv
             if f.type == "counter":
                 assert s.name.endswith("_total"), s.name
             assert set(s.labels) <= {"le", "endpoint", "finish_reason", "reason", "name", "version", "variant",
-                                     "root_digest"}, s
+                                     "root_digest", "status"}, s
     assert fams["sealfl_llm_time_to_first_token_seconds"].samples[-1].value >= 0
     assert server.metric("sealfl_llm_time_to_first_token_seconds_count") >= 1
     assert server.metric("sealfl_llm_generation_tokens_total") >= 1
@@ -455,9 +461,3 @@ def test_kind_a_refused_update_keeps_serving_the_last_good_release(release_root,
     assert "refused" in log and "tokenizer.json" in log and "kept the last good release v1" in log, log
     assert json.loads(state_file.read_text())["last_good"]["root_digest"] == good_root
 
-
-def test_kind_the_inference_protocol_is_not_ready_for_a_language_model(server):
-    r = httpx.get(server.url + "/v2/health/ready", timeout=DEADLINE_S)
-    assert r.status_code == 503 and r.json() == {"ready": False}
-    infer = httpx.post(server.url + "/v2/models/tiny-llm/infer", json={"inputs": []}, timeout=DEADLINE_S)
-    assert infer.status_code == 503 and "/v1" in infer.json()["error"]
