@@ -179,11 +179,12 @@ def serve(
     tee: Tee = None,
     key_broker: KeyBroker = None,
 ) -> None:
-    """Verify and boot a causal-LM release as 'device boot' does, then serve it over an
-    OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models) with
-    /health and /metrics. Runs until SIGINT/SIGTERM (exit 130/143). A refused release
-    falls back to the last good one; with none (or a release that is not a language
-    model), exit 2 (/health never answered 200); exit 4 when the TEE state needs
+    """Verify and boot a release as 'device boot' does, then serve it: a causal LM over an
+    OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models), a tabular
+    model over the Open Inference Protocol (KServe v2: /v2/health/ready,
+    /v2/models/NAME, POST /v2/models/NAME/infer), both with /health and /metrics. Runs
+    until SIGINT/SIGTERM (exit 130/143). A refused release falls back to the last good
+    one; with none, exit 2 (/health never answered 200); exit 4 when the TEE state needs
     (re-)provisioning."""
     import dataclasses
 
