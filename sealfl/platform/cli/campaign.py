@@ -108,3 +108,29 @@ def status(
         console.print(f"server optimizer: {campaign_server_opt(out, missing_ok=False).describe()}")
     except ServerOptError as exc:
         console.print(f"server optimizer: unknown ({exc})")
+
+
+@app.command("report")
+def report(
+    out: Path = typer.Argument(..., help="Campaign directory (running or finished)."),
+    to: Optional[Path] = typer.Option(None, "--to", "-o", help="Where to write report.html and the PNGs "
+                                      "(default: CAMPAIGN/report)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON instead of a summary."),
+) -> None:
+    """Write a campaign's report: report.html with PNG plots of accuracy and loss per round,
+    per partner and pooled (perplexity for the language-model task), bytes and time per
+    round, and refused replies; prints the page's path."""
+    import json
+
+    from sealfl.platform.report import campaign_report
+
+    try:
+        rep, s = campaign_report(out, to)
+    except (SealflError, OSError) as exc:
+        fail(str(exc))
+    if as_json:
+        typer.echo(json.dumps({"html": str(rep.html), "images": [str(p) for p in rep.images], **s.to_dict()}))
+        return
+    console.print(f"report of {len(s.rounds)} round(s): {rep.html}")
+    if s.skipped:
+        err.print(f"[yellow]warning:[/] {s.skipped} malformed value(s) in {out}/rounds.jsonl were left out")
