@@ -68,6 +68,8 @@ def run(
 @app.command("status")
 def status(
     out: Path = typer.Argument(..., help="Campaign directory (running or finished)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (state as decided from the owner "
+                                 "process: 'dead' after a kill) instead of the table."),
 ) -> None:
     """Show a campaign's status and one line per finished round (works while it runs)."""
     from rich.table import Table
@@ -80,6 +82,16 @@ def status(
         view = cd.view()
     except SealflError as exc:
         fail(str(exc))
+    if as_json:
+        import json
+
+        keep = ("started", "started_iso", "finished", "finished_iso", "updated", "updated_iso",
+                "server_has_secret_key", "owner")
+        typer.echo(json.dumps({"dir": str(out), "state": view.state, "note": view.note, "round": view.round,
+                               "num_rounds": view.num_rounds, "error": view.error,
+                               "recorded_status": status_doc.get("status"),
+                               **{k: status_doc.get(k) for k in keep}, "rounds": cd.rounds()}))
+        return
     state = f"{view.state}: {view.note}" if view.note else view.state
     rounds = cd.rounds()
     t = Table(title=f"campaign {out}: {state} (round {view.round}/{view.num_rounds})")
