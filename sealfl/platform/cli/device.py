@@ -168,6 +168,26 @@ def generate(
     raise typer.Exit(outcome.exit_code)
 
 
+def _access_log_to(where: str) -> None:
+    """Give ``device serve``'s access logger its handler (``--access-log``)."""
+    import logging
+
+    from sealfl.enclave.device.serve.access_log import ACCESS_LOGGER
+
+    logger = logging.getLogger(ACCESS_LOGGER)
+    logger.propagate = False
+    if where == "off":
+        logger.setLevel(logging.CRITICAL + 1)
+        return
+    try:
+        handler = logging.StreamHandler(sys.stderr) if where == "-" else logging.FileHandler(where, encoding="utf-8")
+    except OSError as exc:
+        fail(f"--access-log {where}: cannot open it ({exc.strerror or exc}); give a writable file, '-' or 'off'")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
 @app.command("serve")
 def serve(
     release_dir: ReleaseDir,
@@ -189,6 +209,9 @@ def serve(
                                        "beyond)."),
     threads: Optional[int] = typer.Option(None, min=1, max=64, help="onnxruntime threads per slot "
                                           "(default: cores / slots)."),
+    access_log: str = typer.Option("-", "--access-log", help="Where the access log goes, one line per request "
+                                   "(method, path, status, tokens, time to first token, total time; never the "
+                                   "prompt): '-' = stderr, 'off', or a file to append to."),
     variant: Variant = None,
     tee: Tee = None,
     key_broker: KeyBroker = None,
@@ -214,6 +237,7 @@ def serve(
                         limits=dataclasses.replace(DEFAULT_LIMITS, max_body_bytes=max_body_bytes,
                                                    default_max_tokens=default_max_tokens),
                         key_source=broker_key_source(key_broker) if key_broker else None)
+    _access_log_to(access_log)
     try:
         run_server(trust, release_dir, state, opts, say=_say)
     except Interrupted as exc:

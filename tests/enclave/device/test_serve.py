@@ -50,6 +50,17 @@ def test_kind_the_inference_protocol_is_not_ready_for_a_language_model(server):
     infer = httpx.post(server.url + "/v2/models/tiny-llm/infer", json={"inputs": []}, timeout=DEADLINE_S)
     assert infer.status_code == 503 and "/v1" in infer.json()["error"]
 
+def test_kind_generation_requests_are_logged_with_counts_and_never_the_prompt(server):
+    prompt = "Tell me about the zebra-striped access log canary"
+    server.client.chat.completions.create(model="tiny-llm", messages=[{"role": "user", "content": prompt}],
+                                          max_tokens=3, seed=0)
+    text = server.log.read_text()
+    line = [ln for ln in text.splitlines() if "path=/v1/chat/completions status=200" in ln][-1]
+    fields = dict(kv.split("=", 1) for kv in line.split()[2:])  # after the date and time
+    assert fields["method"] == "POST" and int(fields["prompt_tokens"]) > 5 and fields["completion_tokens"] == "3"
+    assert 0 < float(fields["ttft_ms"]) <= float(fields["total_ms"])
+    assert "zebra" not in text
+
 def test_kind_health_models_and_plain_chat_name_the_verified_release(server, release_root):
     h = server.health().json()
     state = json.loads((server.port_file.parent / "state" / "state.json").read_text())

@@ -163,3 +163,14 @@ def test_kind_sigterm_stops_a_tabular_server_and_its_child(root, tmp_path):
     code, log, kids = s.stop(signal.SIGTERM)
     assert code == 143 and kids, log
     assert all(_gone(pid) for pid in kids)
+
+
+def test_kind_each_request_gets_one_access_log_line_without_the_data(server):
+    secret_value = 1.23456789
+    rows = {"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32", "data": [secret_value, 0, 1, 0, 0, 0, 1, 0]}]}
+    assert _infer(server, rows).status_code == 200
+    assert _infer(server, _tensor(datatype="FP64")).status_code == 400
+    lines = [ln for ln in server.log.read_text().splitlines() if "method=POST" in ln]
+    assert any(f"path=/v2/models/{NAME}/infer status=200 rows=2 total_ms=" in ln for ln in lines), lines
+    assert any(f"path=/v2/models/{NAME}/infer status=400 total_ms=" in ln for ln in lines), lines
+    assert "1.2345" not in server.log.read_text()  # the rows' values never reach the log

@@ -44,6 +44,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from sealfl.common.testpoints import testpoint
+from sealfl.enclave.device.serve.access_log import AccessLog
 from sealfl.enclave.device.serve.http_body import read_body
 from sealfl.enclave.device.serve.metrics import CONTENT_TYPE
 from sealfl.enclave.device.serve.oip_routes import add_oip_routes
@@ -90,6 +91,8 @@ class _Job:
         self.queue: asyncio.Queue = asyncio.Queue()
         self._last = t_arrival
         self._sent = 0
+        self.completion_tokens = 0  # tokens generated so far (the access log reads them)
+        self.first_token_s: float | None = None  # arrival -> first token, seconds
 
     def _put(self, item) -> None:
         try:
@@ -100,6 +103,9 @@ class _Job:
     def _on_token(self, n: int) -> None:
         m, now = self.state.metrics, time.perf_counter()
         (m.ttft if n == 1 else m.itl).observe(now - self._last)
+        self.completion_tokens = n
+        if n == 1:
+            self.first_token_s = now - self.t_arrival
         self._last = now
         m.generation_tokens.inc()
         m.kv_tokens(self.slot.index, len(self.ids) + n)
@@ -179,6 +185,7 @@ def parse_nonce(value: str) -> bytes:
 def create_app(state: ServeState, limits: APILimits = DEFAULT_LIMITS):
     """The FastAPI application over ``state`` (module docstring)."""
     app = FastAPI(title="sealfl device", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(AccessLog)
     executor = ThreadPoolExecutor(max_workers=max(1, state.max_concurrent), thread_name_prefix="sealfl-gen")
     queues: dict[int, SlotQueue] = {}
 
@@ -271,6 +278,7 @@ def create_app(state: ServeState, limits: APILimits = DEFAULT_LIMITS):
                                 stop=req.stop)
         loop = asyncio.get_running_loop()
         job = _Job(state, slot, endpoint, ids, params, t_arrival, loop, req.stream)
+        request.scope.setdefault("state", {})["sealfl_job"] = job  # the access log reads its counts
         try:
             future = loop.run_in_executor(executor, job.run)
         except BaseException:

@@ -29,6 +29,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 import sealfl
+from sealfl.enclave.device.serve.access_log import note
 from sealfl.enclave.device.serve.http_body import read_body
 from sealfl.enclave.device.serve.oip import (
     DEFAULT_MAX_ROWS,
@@ -140,6 +141,7 @@ def add_oip_routes(app: FastAPI, state: ServeState, *, max_body_bytes: int, max_
             return _error(exc)
         m.infer_requests.labels("200").inc()
         m.infer_rows.inc(req.rows.shape[0])
+        note(request.scope, rows=int(req.rows.shape[0]))
         return out
 
     for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
