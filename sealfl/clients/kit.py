@@ -63,6 +63,19 @@ def kit_dir(consortium_dir: str | Path, partner: str) -> Path:
 
 
 @lru_cache(maxsize=8)
+def _check_kit_dir(d: Path) -> None:
+    """Say what ``d`` is when it is not a kit at all (before 'incomplete' would mislead)."""
+    if not d.exists():
+        raise KitError(f"startup kit {d} does not exist; give the partner's kit directory (the coordinator's "
+                       "CONSORTIUM/partners/<name>, copied to the partner's machine)")
+    if not d.is_dir():
+        raise KitError(f"startup kit {d} is a file, not a directory; give the partner's kit directory")
+    if (d / "consortium.json").exists():
+        names = sorted(p.name for p in (d / "partners").iterdir() if p.is_dir()) if (d / "partners").is_dir() else []
+        raise KitError(f"{d} is a consortium directory, not a partner's startup kit; give one of "
+                       f"{d}/partners/<name>{' (' + ', '.join(names[:8]) + ')' if names else ''}")
+
+
 def load_kit(path: str) -> PartnerKit:
     """Load and unwrap the kit in directory ``path`` (cached per process).
 
@@ -70,6 +83,7 @@ def load_kit(path: str) -> PartnerKit:
     with this kit's private key.
     """
     d = Path(path)
+    _check_kit_dir(d)
     try:
         meta = json.loads((d / "kit.json").read_text())
         key = ECC.import_key((d / "partner_key.pem").read_bytes())

@@ -34,7 +34,7 @@ MAX_VERSION = 2**31 - 1
 STATES = ("reserved", "issued")
 
 __all__ = ["REGISTER", "MAX_VERSION", "parse_register", "check_new_version", "read_register", "reserve",
-           "unreserve", "mark_issued", "register_lock"]
+           "unreserve", "mark_issued", "register_lock", "same_content"]
 
 
 def parse_register(data: bytes, where: str = REGISTER) -> list[dict]:
@@ -79,6 +79,13 @@ def check_new_version(entries: list[dict], version: int) -> None:
                 f"v{latest['version']}, reserved by a build that did not finish (no device ever saw it)")
         raise ReleaseError(f"version {version} is not newer than {what} of this consortium; devices would refuse "
                            f"it -- use --version {latest['version'] + 1}")
+
+
+def same_content(entries: list[dict], root_digest: str, version: int) -> list[int]:
+    """The other issued versions whose root digest is ``root_digest`` (a release of the
+    same content under a new version: worth a warning, since devices will see nothing new)."""
+    return sorted(int(e["version"]) for e in entries if e.get("state", "issued") == "issued"
+                  and e.get("root_digest") == root_digest and e.get("version") != version)
 
 
 def read_register(consortium_dir: Path) -> list[dict]:

@@ -53,12 +53,35 @@ def trust_dir(cons: Consortium) -> Path:
     return cons.dir / "trust"
 
 
-def provision_release_enclave(cons: Consortium, secret_context: bytes) -> ReleaseEnclave:
-    """Create the release enclave, seal the HE secret into it, export device trust anchors."""
-    enclave = ReleaseEnclave.create(enclave_dir(cons))
+def provision_release_enclave(cons: Consortium, secret_context: bytes, backend: str = "sim") -> ReleaseEnclave:
+    """Create the release enclave on the TEE ``backend`` (``"sim"``, the labelled insecure
+    simulation, or ``"tpm"``), seal the HE secret into it, export device trust anchors."""
+    enclave = ReleaseEnclave.create(enclave_dir(cons), backend=backend)
     KeyHolder.provision(enclave, secret_context)
     enclave.export_trust(trust_dir(cons))
     return enclave
+
+
+def check_campaign_of(cons: Consortium, campaign_dir: str | Path) -> None:
+    """Refuse a campaign another consortium ran: its ``server_config.json`` names the HE
+    context it aggregated under (``context_id``), which must be ``cons``'s.
+
+    Raises:
+        ReleaseError: the campaign's context is another consortium's (naming both), or its
+            configuration is unreadable.
+    """
+    cd = CampaignDir(campaign_dir)
+    if not cd.has_config():  # a campaign fabricated by tools/tests: nothing names its consortium
+        return
+    try:
+        config = cd.read_config()
+    except CampaignDirError as exc:
+        raise ReleaseError(f"{exc}; give the directory 'sealfl campaign run -o' wrote") from exc
+    ran_under = config.get("context_id")
+    if isinstance(ran_under, str) and ran_under != cons.context_id:
+        raise ReleaseError(f"campaign {campaign_dir} belongs to another consortium (HE context {ran_under[:16]}…), "
+                           f"not {cons.name!r} in {cons.dir} (context {cons.context_id[:16]}…); build the release "
+                           "with the consortium that ran the campaign")
 
 
 def finished_checkpoint(campaign_dir: str | Path) -> dict:
@@ -74,7 +97,7 @@ def finished_checkpoint(campaign_dir: str | Path) -> dict:
         status = cd.read_status()
         view = cd.view(status)  # as 'campaign status' sees it: a running campaign whose process is gone is dead
     except CampaignDirError as exc:
-        raise ReleaseError(f"{d} is not a campaign directory ({exc}); run 'sealfl campaign run'") from exc
+        raise ReleaseError(f"{exc}; give the directory 'sealfl campaign run -o' wrote") from exc
     if view.state != "finished":
         raise ReleaseError(f"campaign {d} is {view.state!r}, not finished"
                            f"{': ' + str(view.error) if view.error else ''}{'; ' + view.note if view.note else ''}"
@@ -284,6 +307,7 @@ def release(consortium_dir: str | Path, campaign_dir: str | Path, out_dir: str |
     if _holds_files(Path(out_dir)) or (Path(out_dir).exists() and not Path(out_dir).is_dir()):
         raise ReleaseError(f"{out_dir} exists and is not an empty directory; choose a new output directory")
     ckpt = finished_checkpoint(campaign_dir)
+    check_campaign_of(cons, campaign_dir)
     supervisor.check()
     enclave = ReleaseEnclave.open(enclave_dir(cons))
     keys = KeyHolder(enclave, cons.he_params, bytes.fromhex(cons.context_id))

@@ -84,6 +84,9 @@ __all__ = ["CampaignDir", "Checkpoint", "CampaignView", "parse_status", "parse_c
 
 # -- the directory -------------------------------------------------------------------------
 
+#: what a campaign directory may hold (a directory holding anything else is not taken for one)
+_CAMPAIGN_NAMES = {STATUS, ROUNDS, CONFIG, LOG, CHECKPOINT.split("/")[0], "report"}
+
 #: the epoch-second fields of ``status.json`` that get an ``<field>_iso`` twin
 _EPOCH_FIELDS = ("started", "finished", "updated")
 
@@ -220,11 +223,21 @@ class CampaignDir:
         ``owner`` (the coordinator process's identity).
 
         Raises:
-            CampaignDirError: the path is a file; it holds a campaign and ``overwrite`` is
+            CampaignDirError: the path is a file; it holds files that are not a campaign's
+                (a release, a consortium, ...); it holds a campaign and ``overwrite`` is
                 false; or it holds a campaign whose owner still runs (even with overwrite).
         """
         if self.dir.exists() and not self.dir.is_dir():
             raise CampaignDirError(f"{self.dir} is a file; give a directory for the campaign")
+        if self.dir.is_dir() and not self.exists():
+            foreign = sorted(p.name for p in self.dir.iterdir() if p.name not in _CAMPAIGN_NAMES
+                             and not (p.name.startswith(".") and p.name.endswith(".tmp")))
+            if foreign:
+                what = ("a release" if "manifest.json" in foreign else "a consortium" if "consortium.json" in foreign
+                        else "a device's state" if "state.json" in foreign else "files that are not a campaign's")
+                raise CampaignDirError(f"{self.dir} holds {what} ({', '.join(foreign[:5])}"
+                                       f"{', ...' if len(foreign) > 5 else ''}); a campaign writes into a new or "
+                                       "empty directory: choose another --out")
         if self.exists():
             try:
                 old = self.read_status()

@@ -272,3 +272,24 @@ def test_release_versions_must_increase(built, tmp_path):
     with pytest.raises(ReleaseError, match="use --version 3"):
         release(built["cons"].dir, built["root"] / "camp", tmp_path / "again", version=2)
     assert not (tmp_path / "again").exists()
+
+
+def test_kind_a_campaign_of_another_consortium_is_named_as_such(built, tmp_path):
+    other, _ = create_consortium(tmp_path / "other", "other", list(HOSPITALS))
+    camp = tmp_path / "camp"
+    shutil.copytree(built["root"] / "camp", camp)
+    (camp / "server_config.json").write_text(json.dumps({"context_id": other.context_id, "train": {}}))
+    with pytest.raises(ReleaseError) as info:
+        release(built["cons"].dir, camp, tmp_path / "rel", version=7)
+    msg = str(info.value)
+    assert "belongs to another consortium" in msg and "'heart'" in msg and other.context_id[:16] in msg
+    assert not (tmp_path / "rel").exists()  # refused before anything was decrypted or written
+
+
+def test_kind_a_new_version_of_the_same_content_is_pointed_out():
+    from sealfl.platform.register import same_content
+
+    entries = [{"version": 1, "state": "issued", "root_digest": "aa"}, {"version": 2, "state": "reserved"},
+               {"version": 3, "root_digest": "aa"}, {"version": 4, "state": "issued", "root_digest": "bb"}]
+    assert same_content(entries, "aa", 5) == [1, 3]  # 0.1 entries without a state are issued
+    assert same_content(entries, "aa", 3) == [1] and same_content(entries, "cc", 5) == []

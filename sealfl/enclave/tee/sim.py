@@ -98,7 +98,8 @@ class SimTEE(TEE):
         self._pcrs = pcrs
         log.warning(
             "SimTEE in %s is an INSECURE simulation: keys are plain files and quotes prove nothing; "
-            "use the 'tpm' backend for anything but tests", self._dir,
+            "use the 'tpm' backend for anything but tests ('device provision --tee tpm' for a device, "
+            "'consortium create --tee tpm' for a release enclave)", self._dir,
         )
 
     # -- lifecycle ---------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -28,6 +29,9 @@ def create(
                                        "~1.05x the fp32 bytes, exact sums, parameters clipped to ±8) or 'ckks' "
                                        "(NVIDIA FLARE's parameters, ~7x the fp32 bytes); README 'Encrypted "
                                        "aggregation'."),
+    tee: str = typer.Option("sim", "--tee", help="The release enclave's TEE: 'sim' (an INSECURE, labelled "
+                            "simulation for tests and demos) or 'tpm' (TPM 2.0 via SEALFL_TPM_TCTI; the "
+                            "release-enclave role's handles, see README 'Device trust on a TPM 2.0')."),
 ) -> None:
     """Run the HE key ceremony, write one startup kit per partner, provision the release
     enclave (HE secret sealed in it) and export the device trust anchors."""
@@ -36,12 +40,24 @@ def create(
     from sealfl.platform.consortium import create_consortium
     from sealfl.platform.release import provision_release_enclave, trust_dir
 
+    if tee not in ("sim", "tpm"):
+        fail(f"--tee must be 'sim' or 'tpm', got {tee[:40]!r}")
+    parent = directory.resolve().parent
+    if not parent.is_dir():
+        fail(f"cannot create the consortium in {directory}: its parent {parent} does not exist; create it first "
+             "or choose another directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        fail(f"cannot create the consortium in {directory}: {parent} is not writable by this user; choose a "
+             "directory you can write")
     try:
         name = name or task
         cons, codec = create_consortium(directory, name, list(partner or get_task(task).partners), task=task,
                                         params=params_for(he))
-        provision_release_enclave(cons, codec.secret_context_bytes())
-    except (SealflError, OSError) as exc:
+        provision_release_enclave(cons, codec.secret_context_bytes(), backend=tee)
+    except SealflError as exc:
         fail(str(exc))
+    except OSError as exc:
+        fail(f"cannot create the consortium in {directory}: {exc.strerror or exc}"
+             f"{' (' + str(exc.filename) + ')' if exc.filename else ''}; choose a directory you can write")
     console.print(f"consortium [bold]{name}[/] in {directory}: partners {', '.join(cons.partners)}; "
                   f"device trust anchors in {trust_dir(cons)}")

@@ -8,12 +8,24 @@ import typer
 
 from sealfl.common.errors import Interrupted, SealflError
 from sealfl.platform.cli.options import ConsortiumDir, RayAddress
-from sealfl.platform.cli.output import command_group, console, fail, stopped
+from sealfl.platform.cli.output import command_group, console, err, fail, stopped
 from sealfl.platform.supervisor import interruptible
 
 __all__ = ["app"]
 
 app = command_group("release")
+
+
+def _warn_same_content(consortium: Path, root_digest: str, version: int) -> None:
+    from sealfl.platform.register import read_register, same_content
+
+    try:
+        earlier = same_content(read_register(consortium), root_digest, version)
+    except SealflError:
+        return
+    if earlier:
+        err.print(f"[yellow]warning:[/] release v{version} has the same content (root digest {root_digest[:16]}…) "
+                  f"as issued version(s) {', '.join(map(str, earlier))}: devices that run those gain nothing")
 
 
 @app.command("build")
@@ -38,6 +50,7 @@ def build(
             stopped(exc)
         except (SealflError, OSError) as exc:
             fail(str(exc))
+    _warn_same_content(consortium, res.summary["root_digest"], version)
     if "gate" in res.accuracy:  # a causal-LM release: gate figures per variant
         g = res.accuracy["gate"]
         console.print(f"release v{version} in {out}: root digest {res.summary['root_digest']}; " + ", ".join(

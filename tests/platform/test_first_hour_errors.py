@@ -1,0 +1,52 @@
+"""Mistakes of a first hour, each refused up front in one line that says what the path is
+and what to give instead (real CLI processes)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from sealfl.clients.heart.data import HOSPITALS
+from sealfl.platform.consortium import create_consortium
+
+
+def _cli(*args, timeout=300):
+    out = subprocess.run([sys.executable, "-m", "sealfl.platform.cli", *map(str, args)], capture_output=True,
+                         text=True, timeout=timeout)
+    return out.returncode, " ".join(out.stderr.split())
+
+
+@pytest.fixture(scope="module")
+def cons(tmp_path_factory):
+    c, _ = create_consortium(tmp_path_factory.mktemp("c") / "cons", "heart", list(HOSPITALS))
+    return c
+
+
+def test_kind_partner_check_says_what_the_path_is_instead_of_incomplete(cons, tmp_path):
+    code, msg = _cli("partner", "check", tmp_path / "nope")
+    assert code == 1 and "does not exist" in msg and "incomplete" not in msg
+    code, msg = _cli("partner", "check", cons.dir)
+    assert code == 1 and "is a consortium directory, not a partner's startup kit" in msg
+    assert f"{cons.dir}/partners/<name>" in msg and "cleveland" in msg
+    code, msg = _cli("partner", "check", cons.dir / "consortium.json")
+    assert code == 1 and "is a file, not a directory" in msg
+
+
+def test_kind_a_campaign_is_never_written_into_a_directory_holding_something_else(cons, tmp_path):
+    for marker, what in (("manifest.json", "a release"), ("consortium.json", "a consortium"),
+                         ("notes.txt", "files that are not a campaign's")):
+        out = tmp_path / marker.replace(".", "-")
+        out.mkdir()
+        (out / marker).write_text("{}")
+        code, msg = _cli("campaign", "run", "-c", cons.dir, "-o", out, "--rounds", 1)
+        assert code == 1 and f"holds {what}" in msg and marker in msg, msg
+        assert sorted(p.name for p in out.iterdir()) == [marker]  # nothing was written beside it
+
+
+def test_kind_consortium_create_where_it_cannot_says_so(tmp_path):
+    code, msg = _cli("consortium", "create", tmp_path / "no" / "such" / "parent")
+    assert code == 1 and "its parent" in msg and "does not exist" in msg and "Errno" not in msg
+    code, msg = _cli("consortium", "create", tmp_path / "x", "--tee", "sgx")
+    assert code == 1 and "--tee must be 'sim' or 'tpm'" in msg and not (tmp_path / "x").exists()
