@@ -5,13 +5,16 @@ A release directory is flat and holds::
     <payload files>        e.g. model.int8.onnx, labels.json
     manifest.json          canonical-JSON manifest (see :mod:`.manifest`)
     manifest.dsse.json     DSSE envelope over the in-toto statement (see :mod:`.statement`)
+    model.sig              OpenSSF model-signing v1.0 signature over every other file (see :mod:`.model_sig`)
     attestation.json       {"schema": "sealfl.release-attestation/v2", "backend": str,
                             "insecure": bool, "quote": <quote, purpose "release", over the
                             SHA-256 of the signed statement>}
 
 The release attestation is bound to the signed statement (the DSSE payload), not only to
 the root digest: two versions with the same model bytes share a root digest but never a
-statement, so an attestation cannot be moved from one version to another. Version 1 of the
+statement, so an attestation cannot be moved from one version to another. ``model.sig`` is
+made last, with the same release key, over the payload and the three documents above, so
+``model_signing verify key`` checks a whole release with no file left unsigned. Version 1 of the
 attestation (nonce = root digest) is refused for that reason.
 
 :func:`assemble_release` returns ``{file name: bytes}`` for all of them; writing them to
@@ -30,6 +33,7 @@ from sealfl.attestation.canonical import canonical_json, load_document
 from sealfl.attestation.dsse import sign_envelope
 from sealfl.attestation.errors import ManifestError, QuoteError
 from sealfl.attestation.manifest import MANIFEST_FILE, build_manifest, manifest_bytes, validate_path
+from sealfl.attestation.model_sig import SIGNATURE_FILE, build_model_signature
 from sealfl.attestation.quote import INSECURE_BACKENDS, KNOWN_BACKENDS
 from sealfl.attestation.statement import PAYLOAD_TYPE, build_statement, statement_bytes
 from sealfl.common.fields import Fields
@@ -38,6 +42,7 @@ __all__ = [
     "MANIFEST_FILE",
     "ENVELOPE_FILE",
     "ATTESTATION_FILE",
+    "SIGNATURE_FILE",
     "METADATA_FILES",
     "ATTESTATION_SCHEMA",
     "validate_payload_name",
@@ -48,7 +53,7 @@ __all__ = [
 
 ENVELOPE_FILE = "manifest.dsse.json"
 ATTESTATION_FILE = "attestation.json"
-METADATA_FILES = (MANIFEST_FILE, ENVELOPE_FILE, ATTESTATION_FILE)
+METADATA_FILES = (MANIFEST_FILE, ENVELOPE_FILE, ATTESTATION_FILE, SIGNATURE_FILE)
 ATTESTATION_SCHEMA = "sealfl.release-attestation/v2"
 
 
@@ -120,7 +125,7 @@ def assemble_release(
 
     Returns:
         ``{file name: bytes}`` of payload + ``manifest.json``, ``manifest.dsse.json``,
-        ``attestation.json``; payload values are the caller's objects, unchanged.
+        ``attestation.json``, ``model.sig``; payload values are the caller's objects, unchanged.
 
     Raises:
         ManifestError: invalid payload names, name, version or metadata.
@@ -138,4 +143,8 @@ def assemble_release(
     files[MANIFEST_FILE] = manifest_bytes(manifest)
     files[ENVELOPE_FILE] = json.dumps(envelope, indent=2, sort_keys=True).encode("utf-8") + b"\n"
     files[ATTESTATION_FILE] = canonical_json(build_attestation(quote)) + b"\n"
+    digests = {e["path"]: e["sha256"] for e in manifest["files"]}
+    digests.update({doc: hashlib.sha256(files[doc]).hexdigest() for doc in (MANIFEST_FILE, ENVELOPE_FILE,
+                                                                             ATTESTATION_FILE)})
+    files[SIGNATURE_FILE] = build_model_signature(name, digests, signing_key)
     return files
