@@ -31,7 +31,8 @@ Checks, in order (each failure raises :class:`VerificationError` naming file and
    max_version_step, the device's rollback floor).
 8b. ``model-signature``  model.sig is an OpenSSF model-signing v1.0 bundle signed by a pinned
    release key (:mod:`sealfl.attestation.model_sig`) whose resources are exactly the signed
-   payload files (their signed digests) and the three other documents (their SHA-256).
+   payload files (their signed digests) and the other documents (their SHA-256; the optional
+   provenance.dsse.json too: its content is the auditor's, :mod:`sealfl.attestation.audit`).
 9. ``hash``       every payload file has its signed size and SHA-256 (all mismatches reported).
 10. ``onnx``      every ``.onnx`` payload and the metadata's ``model_file`` is a
     self-contained ONNX model (:mod:`sealfl.attestation.onnx_check`).
@@ -50,6 +51,8 @@ from sealfl.attestation.bundle import (
     ENVELOPE_FILE,
     MANIFEST_FILE,
     METADATA_FILES,
+    PROVENANCE_FILE,
+    REQUIRED_FILES,
     SIGNATURE_FILE,
     parse_attestation,
 )
@@ -199,6 +202,10 @@ def verify_metadata(documents: Mapping[str, bytes], listing: Collection[str], tr
         if name not in documents or name not in listing:
             raise VerificationError(name, "missing-file", "release metadata file is missing"
                                     + _only_model_signing(documents, trust, config))
+    optional = [PROVENANCE_FILE] if PROVENANCE_FILE in listing else []
+    if optional and PROVENANCE_FILE not in documents:
+        raise VerificationError(PROVENANCE_FILE, "read", "the release directory lists it but it was not read")
+    for name in REQUIRED_FILES + tuple(optional):
         if not isinstance(documents[name], bytes):
             raise VerificationError(name, "read", f"content must be immutable bytes, got "
                                     f"{type(documents[name]).__name__}")
@@ -248,7 +255,7 @@ def verify_metadata(documents: Mapping[str, bytes], listing: Collection[str], tr
         raise VerificationError(SIGNATURE_FILE, "model-signature", str(exc)) from exc
     expected = {e.path: e.sha256 for e in entries}
     expected.update({doc: hashlib.sha256(documents[doc]).hexdigest()
-                     for doc in (MANIFEST_FILE, ENVELOPE_FILE, ATTESTATION_FILE)})
+                     for doc in (MANIFEST_FILE, ENVELOPE_FILE, ATTESTATION_FILE, *optional)})
     problems = signature_problems(model_sig.files, expected)
     if problems:
         raise VerificationError(SIGNATURE_FILE, "model-signature", "; ".join(problems[:8])
@@ -257,7 +264,7 @@ def verify_metadata(documents: Mapping[str, bytes], listing: Collection[str], tr
         name=statement.name, version=statement.version, root_digest=statement.root_digest,
         statement_digest=statement.statement_digest, files=entries, manifest=manifest,
         metadata=manifest["metadata"], backend=quote["backend"],
-        documents={name: documents[name] for name in METADATA_FILES},
+        documents={name: documents[name] for name in (*REQUIRED_FILES, *optional)},
     )
 
 
