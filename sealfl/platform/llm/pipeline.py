@@ -107,7 +107,7 @@ def release_llm(cons, task, enclave, params, ckpt: dict, campaign_dir, out_dir, 
     provenance = campaign_provenance(
         cons, campaign_dir, ckpt, optimizer=campaign_server_opt(campaign_dir),
         gate={v: metadata["variants"][v]["gate"] for v in build.variants},
-        export={"format": "onnx", "variants": sorted(build.variants), "perplexity": perplexity},
+        export={"format": "onnx", "variants": sorted(build.variants)},
         quantization={v: metadata["variants"][v].get("quantization", {}) for v in build.variants})
     supervisor.check()
     reserve(cons.dir, version, str(out_dir))
