@@ -163,9 +163,9 @@ def _signed_payload(bundle: dict, trusted: Sequence[ECC.EccKey], fields: Fields)
                           "(a Sigstore bundle v0.3 as model_signing writes it)")
     material = fields.get(bundle, "verificationMaterial", "object")
     public_key = fields.get(material, "publicKey", "object", "verificationMaterial", default={})
-    hint = public_key.get("hint")
-    if hint is not None:
-        fields.string(hint, "verificationMaterial.publicKey.hint", nonempty=False)
+    hint = None  # absent in model_signing's older bundles: any pinned key may have signed
+    if "hint" in public_key:
+        hint = fields.string(public_key["hint"], "verificationMaterial.publicKey.hint", nonempty=False)
     envelope = fields.get(bundle, "dsseEnvelope", "object")
     payload_type = fields.get(envelope, "payloadType", "string", "dsseEnvelope")
     if payload_type != PAYLOAD_TYPE:

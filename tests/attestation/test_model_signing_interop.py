@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sealfl.attestation import keys
 from sealfl.attestation.errors import SignatureError, VerificationError
@@ -168,3 +170,19 @@ def test_trust_dir_release_signing_pub_must_be_a_pinned_key(trust_dir):
     (trust_dir / "release-signing.pub").write_bytes(keys.public_key_to_pem(keys.generate_key()))
     with pytest.raises(TrustAnchorError, match="release-signing.pub"):
         load_trust_anchors(trust_dir)
+
+
+@given(cut=st.integers(min_value=0, max_value=4000), flip=st.integers(min_value=0, max_value=4000),
+       junk=st.binary(max_size=64))
+@settings(max_examples=80, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_kind_any_damaged_model_sig_raises_only_signature_error(release_files, trust_dir, cut, flip, junk):
+    """Hypothesis: model.sig truncated, with a flipped byte or junk appended: SignatureError, nothing else."""
+    trust = load_trust_anchors(trust_dir)
+    data = bytearray(release_files["model.sig"])
+    for damaged in (bytes(data[:cut % len(data)]), bytes(data) + junk,
+                    bytes(data[:flip % len(data)] + bytes([data[flip % len(data)] ^ 0x20]) + data[flip % len(data) + 1:])):
+        try:
+            verify_model_signature(damaged, trust.release_public_keys)
+        except SignatureError:
+            pass
