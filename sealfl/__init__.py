@@ -9,4 +9,7 @@ encryption) and :mod:`sealfl.common`.
 
 from sealfl import _moved
 
+#: The package version (the same as pyproject.toml's ``[project] version``: tests/test_version.py).
+__version__ = "0.1.0"
+
 _moved.install()  # the old import paths of sealfl 0.1, for one release

@@ -177,6 +177,9 @@ def run_demo(out: Path, *, rounds: int = 10, ray_address: str | None = None, con
             "total_seconds": time.perf_counter() - t_all,
         },
     }
+    from sealfl.platform.report import campaign_report
+
+    report["report_html"] = str(campaign_report(out / "campaign")[0].html)
     supervisor.check()
     atomic_write(out / "report.json", json.dumps(report, indent=2).encode(), 0o644)
     _print_table(console, report, rel.accuracy, per_device)
@@ -204,4 +207,4 @@ def _print_table(console: Console, report: dict, rel_acc: dict, per_device: dict
         f"campaign {tm['campaign_seconds']:.1f} s | total {tm['total_seconds']:.1f} s\n"
         f"aggregator held a secret key: {report['server_has_secret_key']} | device verified release v"
         f"{report['device']['release']['version']} root digest {report['release']['root_digest'][:16]}… | "
-        f"report: {Path(report['release']['dir']).parent / 'report.json'}")
+        f"report: {Path(report['release']['dir']).parent / 'report.json'}; plots: {report['report_html']}")

@@ -14,7 +14,12 @@ Layout::
 ``finished``, ``failed`` or ``interrupted``. ``owner`` / ``worker`` are
 ``{"pid", "start", "host"}`` of the coordinator process and of the process running the
 aggregator (see :func:`sealfl.common.procs.identity`); a ``running`` campaign whose
-owner is gone is reported as dead by :func:`campaign_view`.
+owner is gone is reported as dead by :func:`campaign_view`. That is the liveness rule:
+a file cannot rewrite itself after a ``kill -9``, so a reader decides from ``owner``
+(the process with that pid must have that start time on that host) -- ``sealfl campaign
+status DIR --json`` prints the resulting ``state`` for scripts. ``started``, ``finished``
+and ``updated`` (the last write) are epoch seconds, each with an ISO 8601 UTC twin
+(``started_iso``, ...).
 
 Checkpoint (``np.savez``, uncompressed): ``model_ct`` uint8 (frame), ``model_weight``
 float64 (1,), ``stats_ct`` uint8 (frame), ``round`` int64 (1,), ``record`` uint8 (the
@@ -40,6 +45,7 @@ Parsing every file back and deciding a campaign's state are pure functions in
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import logging
@@ -80,6 +86,15 @@ __all__ = ["CampaignDir", "Checkpoint", "CampaignView", "parse_status", "parse_c
 
 
 # -- the directory -------------------------------------------------------------------------
+
+#: the epoch-second fields of ``status.json`` that get an ``<field>_iso`` twin
+_EPOCH_FIELDS = ("started", "finished", "updated")
+
+
+def iso8601(epoch: float) -> str:
+    """``epoch`` seconds as ISO 8601 in UTC with milliseconds, e.g. ``2026-12-02T05:51:20.123+00:00``."""
+    return datetime.datetime.fromtimestamp(float(epoch), datetime.timezone.utc).isoformat(timespec="milliseconds")
+
 
 class CampaignDir:
     """Owner of one campaign directory (see module docstring).
@@ -350,6 +365,10 @@ class CampaignDir:
 
     def _write_status(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.status["updated"] = time.time()
+        for key in _EPOCH_FIELDS:  # ISO 8601 (UTC) beside each epoch time, for people and scripts
+            if isinstance(self.status.get(key), (int, float)):
+                self.status[f"{key}_iso"] = iso8601(self.status[key])
         atomic_write(self.status_path, json.dumps(self.status, indent=2).encode(), 0o644)
 
     def _commit_checkpoint(self, ck: Checkpoint) -> None:

@@ -155,8 +155,8 @@ def _run_cli(args) -> dict:
 
 
 def test_device_commands_load_only_measured_code(tmp_path, enclave):
-    """Real ``sealfl device`` runs (boot, a refused release, generate and serve of a
-    release they cannot serve, attest, verify): every sealfl module loaded is measured."""
+    """Real ``sealfl device`` runs (boot, a refused release, generate of a release it cannot
+    serve, serve with nothing to serve, attest, verify): every sealfl module loaded is measured."""
     trust = enclave.export_trust(tmp_path / "trust")
     release = tmp_path / "release"
     enclave.write_release(release, default_payload(), "heart-mlp", 1, {"model_file": MODEL_FILE})
@@ -165,7 +165,8 @@ def test_device_commands_load_only_measured_code(tmp_path, enclave):
         "boot": (["device", "boot", "--trust", trust, "--release", release, "--state", state, "--tee", "sim"], 0),
         "generate": (["device", "generate", "--trust", trust, "--release", release, "--state", state, "--prompt",
                       "hi"], 2),
-        "serve": (["device", "serve", "--trust", trust, "--release", release, "--state", state, "--port", "0"], 2),
+        "serve": (["device", "serve", "--trust", trust, "--release", tmp_path / "nowhere", "--state",
+                   tmp_path / "fresh", "--tee", "sim", "--port", "0"], 2),
         "attest": (["device", "attest", "--state", state, "--nonce", "00ff"], 0),
         "verify": (["verify", "--trust", trust, release], 0),
         "boot-refused": (["device", "boot", "--trust", trust, "--release", tmp_path / "nowhere", "--state", state],

@@ -187,6 +187,10 @@ def test_kind_supervisor_killed_with_sigkill_takes_its_tree_and_leaves_a_dead_ca
     assert view.state == "dead" and view.round == 1
     shown = run_cli(["campaign", "status", out])
     assert shown.returncode == 0 and "dead" in " ".join(shown.stdout.split()), shown.stdout + shown.stderr
+    scripted = run_cli(["campaign", "status", out, "--json"])
+    doc = json.loads(scripted.stdout)  # what a script reads: the same decision, with the file's word beside it
+    assert doc["state"] == "dead" and doc["recorded_status"] == "running" and doc["round"] == 1
+    assert doc["started_iso"].endswith("+00:00") and doc["owner"]["pid"] == run.proc.pid
     again = run_cli(["campaign", "run", "-c", cons.dir, "-o", out, "--rounds", 2])
     assert again.returncode == 1 and "--overwrite" in " ".join(again.stderr.split()), again.stderr
     assert "Traceback" not in again.stderr

@@ -86,8 +86,18 @@ app = typer.Typer(cls=_LazyGroup, help="sealfl: encrypted federated fine-tuning 
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        import sealfl
+
+        typer.echo(f"sealfl {sealfl.__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _main_options(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress details.")) -> None:
+def _main_options(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress details."),
+                  version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                               help="Print sealfl's version and exit.")) -> None:
     setup_logging(verbose)
 
 

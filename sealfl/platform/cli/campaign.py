@@ -68,6 +68,8 @@ def run(
 @app.command("status")
 def status(
     out: Path = typer.Argument(..., help="Campaign directory (running or finished)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (state as decided from the owner "
+                                 "process: 'dead' after a kill) instead of the table."),
 ) -> None:
     """Show a campaign's status and one line per finished round (works while it runs)."""
     from rich.table import Table
@@ -80,6 +82,16 @@ def status(
         view = cd.view()
     except SealflError as exc:
         fail(str(exc))
+    if as_json:
+        import json
+
+        keep = ("started", "started_iso", "finished", "finished_iso", "updated", "updated_iso",
+                "server_has_secret_key", "owner")
+        typer.echo(json.dumps({"dir": str(out), "state": view.state, "note": view.note, "round": view.round,
+                               "num_rounds": view.num_rounds, "error": view.error,
+                               "recorded_status": status_doc.get("status"),
+                               **{k: status_doc.get(k) for k in keep}, "rounds": cd.rounds()}))
+        return
     state = f"{view.state}: {view.note}" if view.note else view.state
     rounds = cd.rounds()
     t = Table(title=f"campaign {out}: {state} (round {view.round}/{view.num_rounds})")
@@ -108,3 +120,29 @@ def status(
         console.print(f"server optimizer: {campaign_server_opt(out, missing_ok=False).describe()}")
     except ServerOptError as exc:
         console.print(f"server optimizer: unknown ({exc})")
+
+
+@app.command("report")
+def report(
+    out: Path = typer.Argument(..., help="Campaign directory (running or finished)."),
+    to: Optional[Path] = typer.Option(None, "--to", "-o", help="Where to write report.html and the PNGs "
+                                      "(default: CAMPAIGN/report)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON instead of a summary."),
+) -> None:
+    """Write a campaign's report: report.html with PNG plots of accuracy and loss per round,
+    per partner and pooled (perplexity for the language-model task), bytes and time per
+    round, and refused replies; prints the page's path."""
+    import json
+
+    from sealfl.platform.report import campaign_report
+
+    try:
+        rep, s = campaign_report(out, to)
+    except (SealflError, OSError) as exc:
+        fail(str(exc))
+    if as_json:
+        typer.echo(json.dumps({"html": str(rep.html), "images": [str(p) for p in rep.images], **s.to_dict()}))
+        return
+    console.print(f"report of {len(s.rounds)} round(s): {rep.html}")
+    if s.skipped:
+        err.print(f"[yellow]warning:[/] {s.skipped} malformed value(s) in {out}/rounds.jsonl were left out")

@@ -17,7 +17,7 @@ import typer
 
 from sealfl.common.errors import Interrupted, SealflError
 from sealfl.platform.cli.options import KeyBroker, ReleaseDir, StateDir, Tee, TrustDir, Variant
-from sealfl.platform.cli.output import command_group, console, err, fail, stopped
+from sealfl.platform.cli.output import command_group, console, emit_json, err, fail, json_mode, stopped
 
 __all__ = ["app", "verify_app"]
 
@@ -76,6 +76,8 @@ def boot(
         "Read before anything boots (a malformed file: exit 1); rows that do not fit the release: exit 5."),
     tee: Tee = None,
     key_broker: KeyBroker = None,
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout: ok, exit_code, the "
+                                 "running release, kept_last_good, refused (why) and the scores (or the error)."),
 ) -> None:
     """Measure, verify and boot a release into the sandboxed runtime. If it is refused, boot
     the last good release instead and exit 3 (0 = the new release runs; 1/2 = nothing runs;
@@ -85,7 +87,8 @@ def boot(
     from sealfl.enclave.device.input_file import read_feature_rows
     from sealfl.enclave.device.policy import EXIT_INPUT_REFUSED
 
-    rows = None
+    json_mode(as_json)
+    rows = probs = None
     if features_csv:
         try:
             rows = read_feature_rows(features_csv, None)
@@ -93,7 +96,8 @@ def boot(
             fail(str(exc))
     outcome = _boot(trust, release_dir, state, tee=tee, key_broker=key_broker)
     with outcome.device as dev:
-        console.print(f"booted {dev.release.name} v{dev.release.version} ({dev.release.root_digest})")
+        (err if as_json else console).print(f"booted {dev.release.name} v{dev.release.version} "
+                                            f"({dev.release.root_digest})")
         if rows is not None:
             width = len(dev.input_spec.features) if dev.input_spec is not None else rows.shape[1]
             try:
@@ -103,7 +107,17 @@ def boot(
                 probs = dev.predict(rows).reshape(-1)
             except SealflError as exc:
                 fail(f"{features_csv}: {exc} (the release runs; nothing was scored)", EXIT_INPUT_REFUSED)
-            sys.stdout.write("".join(f"{float(p):.4f}\n" for p in probs))
+            if not as_json:
+                sys.stdout.write("".join(f"{float(p):.4f}\n" for p in probs))
+        if as_json:
+            r = dev.release
+            emit_json({"ok": True, "exit_code": outcome.exit_code,
+                       "release": {"name": r.name, "version": r.version, "root_digest": r.root_digest,
+                                   "statement_digest": r.statement_digest},
+                       "tee": {"backend": dev.tee.backend, "insecure": bool(dev.tee.insecure)},
+                       "kept_last_good": outcome.kept_last_good,
+                       "refused": str(outcome.refused) if outcome.refused is not None else None,
+                       "scores": [float(p) for p in probs] if probs is not None else None})
     raise typer.Exit(outcome.exit_code)
 
 
@@ -179,11 +193,12 @@ def serve(
     tee: Tee = None,
     key_broker: KeyBroker = None,
 ) -> None:
-    """Verify and boot a causal-LM release as 'device boot' does, then serve it over an
-    OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models) with
-    /health and /metrics. Runs until SIGINT/SIGTERM (exit 130/143). A refused release
-    falls back to the last good one; with none (or a release that is not a language
-    model), exit 2 (/health never answered 200); exit 4 when the TEE state needs
+    """Verify and boot a release as 'device boot' does, then serve it: a causal LM over an
+    OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models), a tabular
+    model over the Open Inference Protocol (KServe v2: /v2/health/ready,
+    /v2/models/NAME, POST /v2/models/NAME/infer), both with /health and /metrics. Runs
+    until SIGINT/SIGTERM (exit 130/143). A refused release falls back to the last good
+    one; with none, exit 2 (/health never answered 200); exit 4 when the TEE state needs
     (re-)provisioning."""
     import dataclasses
 
@@ -302,13 +317,19 @@ def attest(
 def verify(
     trust: TrustDir,
     release_dir: Annotated[Path, typer.Argument(help="Release directory to check.")],
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout (ok, name, version, "
+                                 "root_digest; or ok false and the error)."),
 ) -> None:
     """Check a release (signature, attestation, manifest, every file hash) without loading it.
     Exit 0 if it verifies; otherwise exit 1 and name the failing file and check."""
     from sealfl.enclave.device.verify import verify_dir
 
+    json_mode(as_json)
     try:
         v = verify_dir(trust, release_dir)
     except (SealflError, OSError) as exc:
         fail(str(exc))
+    if as_json:
+        emit_json({"ok": True, "name": v.name, "version": v.version, "root_digest": v.root_digest})
+        return
     console.print(f"[green]OK[/] {v.name} v{v.version} root digest {v.root_digest}")

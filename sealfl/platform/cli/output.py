@@ -33,9 +33,30 @@ def setup_logging(verbose: bool) -> None:
     VERBOSE["on"] = verbose
 
 
+#: set by a command given ``--json`` (:func:`json_mode`): its result and its failure are
+#: one JSON object on stdout
+JSON_MODE = {"on": False}
+
+
+def json_mode(on: bool) -> bool:
+    """Switch this command's output to one JSON object on stdout (``--json``); returns ``on``."""
+    JSON_MODE["on"] = bool(on)
+    return JSON_MODE["on"]
+
+
+def emit_json(doc: dict) -> None:
+    """Print ``doc`` as one line of JSON on stdout (``--json`` output)."""
+    import json
+
+    typer.echo(json.dumps(doc, ensure_ascii=False))
+
+
 def fail(msg: str, code: int = 1) -> NoReturn:
-    """Print ``error: msg`` on stderr and exit ``code``."""
+    """Print ``error: msg`` on stderr and exit ``code``; under ``--json`` also print
+    ``{"ok": false, "exit_code": code, "error": msg}`` on stdout."""
     err.print(f"[bold red]error:[/] {escape(str(msg))}", soft_wrap=True, highlight=False)
+    if JSON_MODE["on"]:
+        emit_json({"ok": False, "exit_code": code, "error": str(msg)})
     raise typer.Exit(code)
 
 

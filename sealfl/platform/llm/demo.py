@@ -256,9 +256,12 @@ def run_llm_demo(out: Path, *, rounds: int = 3, local_steps: int = 6, ray_addres
         "server_has_secret_key": bool(camp.status.get("server_has_secret_key")),
         "time": {**times, **{k: v for k, v in rep["seconds"].items()}},
     }
+    from sealfl.platform.report import campaign_report
+
+    report["report_html"] = str(campaign_report(out / "campaign")[0].html)
     atomic_write(out / "report.json", json.dumps(report, indent=2).encode(), 0o644)
     console.print(f"perplexity before {report['perplexity_before']:.2f} -> after {report['perplexity_after']:.2f} "
                   f"(ratio {report['perplexity_ratio']:.3f}); INT4 {report['release']['int4_bytes'] / 1e6:.1f} MB; "
                   f"device peak RSS {dev['peak_rss_bytes'] / 2**20:.0f} MiB; total {times['total'] / 60:.1f} min; "
-                  f"report in {out / 'report.json'}")
+                  f"report in {out / 'report.json'}, plots in {report['report_html']}")
     return report

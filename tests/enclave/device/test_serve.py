@@ -15,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -23,10 +22,10 @@ import pytest
 
 from sealfl.common.testpoints import ENV_DIR, ENV_STAGE, event_path
 from tests.support.llm_tiny import SMOL_TEMPLATE, tokenizer_json, write_tiny_release
+from tests.support.serve import DEADLINE_S, Server, _children, _gone, _wait
 
 openai = pytest.importorskip("openai")  # dev extra; an ImportError would hide the API contract's tests
 
-DEADLINE_S = 120.0
 MESSAGES = [{"role": "user", "content": "What is a list?"}]
 
 
@@ -37,98 +36,6 @@ def release_root(tmp_path_factory):
     return root
 
 
-def _wait(predicate, what: str, deadline_s: float = DEADLINE_S, proc: subprocess.Popen | None = None):
-    """Poll ``predicate`` until it returns a truthy value (a generous deadline, not a delay)."""
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"server exited {proc.returncode} while waiting for {what}: {_stderr(proc)}")
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _stderr(proc) -> str:
-    return proc.log_path.read_text()
-
-
-def _children(pid: int) -> set[int]:
-    """Every descendant of ``pid`` (Linux /proc)."""
-    out, todo = set(), [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            for t in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{t}/children") as fh:
-                    kids = [int(c) for c in fh.read().split()]
-                out.update(kids)
-                todo += kids
-        except OSError:
-            continue
-    return out
-
-
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
-
-
-class Server:
-    """``sealfl device serve`` in a child process on a free port (``--port 0``)."""
-
-    def __init__(self, root: Path, tmp: Path, release: Path | None = None, env: dict | None = None,
-                 args: tuple = ()) -> None:
-        self.port_file = tmp / "port"
-        self.log = tmp / "serve.log"
-        self.port_file.unlink(missing_ok=True)  # a port file from an earlier server on this state is stale
-        cmd = [sys.executable, "-m", "sealfl.platform.cli", "device", "serve", "--trust", str(root / "trust"),
-               "--release", str(release or root / "release"), "--state", str(tmp / "state"), "--port", "0",
-               "--port-file", str(self.port_file), "--tee", "sim", *args]
-        self._fh = open(self.log, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._fh, stderr=self._fh, env={**os.environ, **(env or {})})
-        self.proc.log_path = self.log
-        self.port = int(_wait(lambda: self.port_file.exists() and self.port_file.read_text().strip(), "the port file",
-                              proc=self.proc))
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=DEADLINE_S)
-
-    def health(self) -> httpx.Response:
-        return httpx.get(self.url + "/health", timeout=DEADLINE_S)
-
-    def wait_ready(self) -> dict:
-        return _wait(lambda: (r := self.health()).status_code == 200 and r.json(), "/health 200", proc=self.proc)
-
-    def metric(self, name: str, labels: dict | None = None) -> float:
-        from prometheus_client.parser import text_string_to_metric_families
-
-        text = httpx.get(self.url + "/metrics", timeout=DEADLINE_S).text
-        for fam in text_string_to_metric_families(text):
-            for s in fam.samples:
-                if s.name == name and all(s.labels.get(k) == v for k, v in (labels or {}).items()):
-                    return s.value
-        raise KeyError(name)
-
-    def stop(self, sig=signal.SIGTERM) -> tuple[int, str, set[int]]:
-        """Signal the server by its pid; returns (exit code, log, pids of its former children)."""
-        kids = _children(self.proc.pid)
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        code = self.proc.wait(timeout=DEADLINE_S)
-        self._fh.close()
-        return code, self.log.read_text(), kids
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=DEADLINE_S)
-        self._fh.close()
-
-
 @pytest.fixture(scope="module")
 def server(release_root, tmp_path_factory):
     s = Server(release_root, tmp_path_factory.mktemp("serve-a"))
@@ -136,6 +43,12 @@ def server(release_root, tmp_path_factory):
     yield s
     s.kill()
 
+
+def test_kind_the_inference_protocol_is_not_ready_for_a_language_model(server):
+    r = httpx.get(server.url + "/v2/health/ready", timeout=DEADLINE_S)
+    assert r.status_code == 503 and r.json() == {"ready": False}
+    infer = httpx.post(server.url + "/v2/models/tiny-llm/infer", json={"inputs": []}, timeout=DEADLINE_S)
+    assert infer.status_code == 503 and "/v1" in infer.json()["error"]
 
 def test_kind_health_models_and_plain_chat_name_the_verified_release(server, release_root):
     h = server.health().json()
@@ -344,7 +257,7 @@ def test_kind_metrics_parse_with_the_expected_families_and_prometheus_names(serv
             if f.type == "counter":
                 assert s.name.endswith("_total"), s.name
             assert set(s.labels) <= {"le", "endpoint", "finish_reason", "reason", "name", "version", "variant",
-                                     "root_digest"}, s
+                                     "root_digest", "status"}, s
     assert fams["sealfl_llm_time_to_first_token_seconds"].samples[-1].value >= 0
     assert server.metric("sealfl_llm_time_to_first_token_seconds_count") >= 1
     assert server.metric("sealfl_llm_generation_tokens_total") >= 1
@@ -547,3 +460,4 @@ def test_kind_a_refused_update_keeps_serving_the_last_good_release(release_root,
     assert code == 143, log
     assert "refused" in log and "tokenizer.json" in log and "kept the last good release v1" in log, log
     assert json.loads(state_file.read_text())["last_good"]["root_digest"] == good_root
+

@@ -1,5 +1,6 @@
-"""The HTTP front of ``sealfl device serve``: an OpenAI-compatible API over the verified
-model (FastAPI on uvicorn).
+"""The HTTP front of ``sealfl device serve``: an OpenAI-compatible API over a verified
+causal LM, the Open Inference Protocol over a verified tabular model
+(:mod:`sealfl.enclave.device.serve.oip_routes`), FastAPI on uvicorn.
 
 Routes:
 
@@ -43,7 +44,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from sealfl.common.testpoints import testpoint
+from sealfl.enclave.device.serve.http_body import read_body
 from sealfl.enclave.device.serve.metrics import CONTENT_TYPE
+from sealfl.enclave.device.serve.oip_routes import add_oip_routes
 from sealfl.enclave.device.serve.openai_api import (
     DEFAULT_LIMITS,
     APILimits,
@@ -154,18 +157,8 @@ def _error_response(exc: APIRequestError, headers: dict | None = None):
 
 async def _read_body(request, cap: int) -> bytes:
     """The body, refused (400, param ``body``) as soon as it is longer than ``cap`` bytes."""
-    declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > cap):
-        raise APIRequestError(f"body: the request body is {declared} bytes; at most {cap} are accepted",
-                              param="body", code="request_too_large")
-    parts, got = [], 0
-    async for chunk in request.stream():
-        got += len(chunk)
-        if got > cap:
-            raise APIRequestError(f"body: the request body is larger than {cap} bytes; at most {cap} are accepted",
-                                  param="body", code="request_too_large")
-        parts.append(chunk)
-    return b"".join(parts)
+    return await read_body(request, cap, lambda msg: APIRequestError(f"body: {msg}", param="body",
+                                                                     code="request_too_large"))
 
 
 def parse_nonce(value: str) -> bytes:
@@ -195,6 +188,8 @@ def create_app(state: ServeState, limits: APILimits = DEFAULT_LIMITS):
             queues.clear()
             queues[id(loop)] = SlotQueue(state, loop)
         return queues[id(loop)]
+
+    add_oip_routes(app, state, max_body_bytes=limits.max_body_bytes, wait_s=state.queue_timeout_s)
 
     @app.get("/health")
     async def health():
@@ -246,6 +241,10 @@ def create_app(state: ServeState, limits: APILimits = DEFAULT_LIMITS):
             if not state.serving():
                 raise APIRequestError("no verified model is loaded yet; retry when /health answers 200", param=None,
                                       code="model_not_loaded", status=503, type="server_error")
+            if state.tabular is not None:
+                raise APIRequestError(f"model: the served release {state.model_id!r} is a tabular model, not a "
+                                      f"language model; score rows with POST /v2/models/{state.model_id}/infer",
+                                      param="model", code="model_not_supported", status=400)
             body = await _read_body(request, limits.max_body_bytes)
             req = (parse_chat_request if endpoint == "chat" else parse_completion_request)(body, limits)
             if req.model is not None and req.model != state.model_id:

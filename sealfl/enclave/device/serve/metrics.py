@@ -24,6 +24,9 @@ Families (one :class:`ServeMetrics` per server, in its own registry):
 ``sealfl_llm_model_loaded``                          gauge      1 once a verified model serves
 ``sealfl_llm_release_info{name,version,variant,root_digest}``  gauge  1 for the served release
 ``sealfl_llm_worker_resident_memory_bytes``          gauge      RSS of the sandboxed children (sum)
+``sealfl_oip_infer_requests_total{status}``         counter    tabular /v2 infer requests by HTTP status
+``sealfl_oip_infer_rows_total``                      counter    rows scored through /v2 infer
+``sealfl_oip_infer_seconds``                         histogram  model time per /v2 infer request
 ``process_resident_memory_bytes`` and friends        (prometheus-client's process collector: the server)
 ===================================================  =========  ==========================================
 """
@@ -107,6 +110,11 @@ class ServeMetrics:
         self.loaded = Gauge("sealfl_llm_model_loaded", "1 once a verified model is loaded and serving.", registry=r)
         self.release_info = Gauge("sealfl_llm_release_info", "The served release (value 1).",
                                   ["name", "version", "variant", "root_digest"], registry=r)
+        self.infer_requests = Counter("sealfl_oip_infer_requests", "Open Inference Protocol /infer requests, by "
+                                      "HTTP status.", ["status"], registry=r)
+        self.infer_rows = Counter("sealfl_oip_infer_rows", "Rows scored through /infer.", registry=r)
+        self.infer_seconds = Histogram("sealfl_oip_infer_seconds", "Time the sandboxed model took per /infer "
+                                       "request.", buckets=_ITL_BUCKETS, registry=r)
         self.worker_rss = Gauge("sealfl_llm_worker_resident_memory_bytes", "Resident memory of the sandboxed model "
                                 "children, summed.", registry=r)
         self.worker_rss.set_function(lambda: float(sum(rss_bytes(p) for p in worker_pids())))

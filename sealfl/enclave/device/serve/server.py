@@ -1,5 +1,6 @@
-"""``sealfl device serve``: verify, boot and serve a causal-LM release over an
-OpenAI-compatible HTTP API on loopback.
+"""``sealfl device serve``: verify, boot and serve a release on loopback -- a causal-LM
+release over an OpenAI-compatible HTTP API, a tabular one over the Open Inference Protocol
+(KServe v2 REST, :mod:`sealfl.enclave.device.serve.oip_routes`).
 
 Threads and order (:func:`run_server`):
 
@@ -130,12 +131,16 @@ def _trimmed(release, spec):
     return dataclasses.replace(release, payload=keep)
 
 
+def _runtime_options(opts: ServeOptions) -> dict[str, Any]:
+    return {"die_with_parent": True, "timeout_s": opts.timeout_s,
+            "intra_op_threads": opts.threads or max(1, (os.cpu_count() or 1) // opts.max_concurrent)}
+
+
 def _boot(trust: Path, release_dir: Path, state_dir: Path, opts: ServeOptions, state: ServeState,
           say: Callable[[str], None]):
     from sealfl.enclave.device.policy import boot_or_last_good
 
-    runtime_options = {"die_with_parent": True, "timeout_s": opts.timeout_s,
-                       "intra_op_threads": opts.threads or max(1, (os.cpu_count() or 1) // opts.max_concurrent)}
+    runtime_options = _runtime_options(opts)
 
     def refused(exc: BootError) -> None:
         state.metrics.verification_failures.inc()
@@ -143,8 +148,7 @@ def _boot(trust: Path, release_dir: Path, state_dir: Path, opts: ServeOptions, s
 
     try:
         outcome = boot_or_last_good(trust, release_dir, state_dir, backend=opts.backend, key_source=opts.key_source,
-                                    variant=opts.variant, runtime_options=runtime_options, require_llm=True,
-                                    on_refused=refused)
+                                    variant=opts.variant, runtime_options=runtime_options, on_refused=refused)
     except BootError as exc:
         state.status, state.error = "refused", str(exc)
         raise
@@ -152,6 +156,8 @@ def _boot(trust: Path, release_dir: Path, state_dir: Path, opts: ServeOptions, s
     if outcome.kept_last_good:
         say(f"kept the last good release v{dev.release.version}")
     state.tee = {"backend": dev.tee.backend, "insecure": bool(dev.tee.insecure), "ak_keyid": dev.tee.ak_keyid()}
+    if not dev.is_llm:
+        return dev
     release, spec, runtimes = _trimmed(dev.release, dev.llm_spec), dev.llm_spec, [dev.runtime]
     del dev  # the other variant's bytes (read for verification) go with it, before more slots load
     trim_heap()
@@ -193,8 +199,7 @@ def run_server(trust: Path, release_dir: Path, state_dir: Path, opts: ServeOptio
         BootError: nothing is served (``/health`` never answered 200): the release was
             refused and no last good release could be booted
             (:class:`~sealfl.enclave.device.policy.NothingRuns`), the TEE state needs
-            re-provisioning (reason ``tee-state``), the directories overlap, or the release
-            is not a causal LM (reason ``model``).
+            re-provisioning (reason ``tee-state``), or the directories overlap.
         OSError: the address cannot be bound.
         TestpointError: malformed test pause-point variables.
     """
@@ -225,7 +230,11 @@ def run_server(trust: Path, release_dir: Path, state_dir: Path, opts: ServeOptio
                 atomic_write(Path(opts.port_file), f"{port}\n".encode(), 0o644)
             say(f"listening on http://{opts.host}:{port} (health 503 until the release is verified and loaded)")
             testpoint("serve-boot")
-            release, spec, runtimes, runtime_options = _boot(trust, release_dir, state_dir, opts, state, say)
+            booted = _boot(trust, release_dir, state_dir, opts, state, say)
+            if not isinstance(booted, tuple):
+                _serve_tabular(state, booted, opts, port, say)
+                return
+            release, spec, runtimes, runtime_options = booted
             metrics.set_context(spec.generation["max_context"])
             state.ready(ReleaseInfo(release.name, release.version, release.root_digest, spec.variant,
                                     release.statement_digest), runtimes, spec.generation["max_context"])
@@ -240,6 +249,57 @@ def run_server(trust: Path, release_dir: Path, state_dir: Path, opts: ServeOptio
             state.close()
             server.should_exit = True
             sock.close()
+
+
+def _serve_tabular(state: ServeState, dev, opts: ServeOptions, port: int, say: Callable[[str], None]) -> None:
+    """Serve a booted tabular release over the Open Inference Protocol until a signal; a
+    child that died is restarted from the verified bytes ``dev`` keeps.
+
+    Raises:
+        BootError: (reason ``"model"``) the model is not one float input ``[N, d]``; (reason
+            ``"runtime"``) the child of a release encrypted at rest died (its key is not kept).
+    """
+    from sealfl.enclave.device.tabular_boot import start_tabular
+
+    rel, rt = dev.release, dev.runtime
+    try:
+        model = _tabular_model(dev)
+    except BootError:
+        dev.close()
+        raise
+    state.ready_tabular(model, rt)
+    say(f"serving {rel.name} v{rel.version} (tabular, root digest {rel.root_digest}) over the Open Inference "
+        f"Protocol on http://{opts.host}:{port}/v2/models/{rel.name}/infer")
+    while True:
+        slot = state.restarts.get()
+        if rel.metadata.get("at_rest"):  # its decrypted bytes were never kept: a new boot fetches the key again
+            raise BootError("the model's sandboxed child died and the release is encrypted at rest; restart "
+                            "'device serve' (its service manager does)", reason="runtime")
+        try:
+            slot.runtime.close()
+            new = start_tabular(rel, dev.model_file, _runtime_options(opts), rel.payload)
+        except BootError as exc:
+            log.error("the model's child could not be restarted: %s", exc)
+            continue
+        state.restarted(slot, new)
+        log.warning("the model's child restarted (pid %d)", new.pid)
+
+
+def _tabular_model(dev):
+    """The served model's description from a booted tabular device (its child's input)."""
+    from sealfl.enclave.device.serve.state import TabularModel
+
+    rel, rt = dev.release, dev.runtime
+    first = rt.inputs[0] if len(rt.inputs) == 1 and isinstance(rt.inputs[0], dict) else {"name": "?", "shape": "?"}
+    shape = first.get("shape")
+    width = shape[1] if isinstance(shape, list) and len(shape) == 2 else None
+    if (first.get("type") != "tensor(float)" or type(width) is not int or width < 1
+            or (dev.input_spec is not None and len(dev.input_spec.features) != width)):
+        raise BootError(f"release {rel.name} v{rel.version}: its model's input {str(first.get('name'))[:80]!r} has "
+                        f"shape {str(shape)[:80]}; serving rows needs one float input [N, d] with d fixed (and "
+                        "equal to the signed input spec's features)", reason="model")
+    return TabularModel(rel.name, rel.version, rel.root_digest, rel.statement_digest, first["name"], width,
+                        dev.input_spec, tuple(rt.output_names))
 
 
 def _restart(state: ServeState, slot, release, spec, runtime_options: dict[str, Any]) -> None:

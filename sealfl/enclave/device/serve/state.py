@@ -28,9 +28,26 @@ from typing import Any
 
 from sealfl.enclave.device.serve.metrics import ServeMetrics
 
-__all__ = ["Slot", "ServeState", "ReleaseInfo", "SlotQueue"]
+__all__ = ["Slot", "ServeState", "ReleaseInfo", "SlotQueue", "TabularModel"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TabularModel:
+    """A served tabular release: its name, version, root digest, statement digest, the
+    model's input name and width (features per row), the parsed signed input spec
+    (:class:`~sealfl.enclave.device.inputs.InputSpec`, None if the release states no
+    ranges) and the model's output names."""
+
+    name: str
+    version: int
+    root_digest: str
+    statement_digest: str
+    input_name: str
+    width: int
+    spec: Any
+    output_names: tuple[str, ...]
 
 
 @dataclass
@@ -92,6 +109,7 @@ class ServeState:
     tee: dict = field(default_factory=dict)
     on_slot_free: Any = None
     tokenizer_runtime: Any = None
+    tabular: "TabularModel | None" = None
     restarts: "queue.Queue" = field(default_factory=queue.Queue)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _cancels: set = field(default_factory=set)
@@ -117,6 +135,19 @@ class ServeState:
             self.status = "ready"
         m = self.metrics
         m.release_info.labels(release.name, str(release.version), release.variant, release.root_digest).set(1)
+        m.loaded.set(1)
+
+    def ready_tabular(self, model: "TabularModel", runtime) -> None:
+        """Start serving a tabular release's ``runtime`` (one slot; the Open Inference
+        Protocol routes, :mod:`sealfl.enclave.device.serve.oip_routes`)."""
+        with self._lock:
+            self.slots = [Slot(0, runtime)]
+            self.tabular = model
+            self.release = ReleaseInfo(model.name, model.version, model.root_digest, "tabular",
+                                       model.statement_digest)
+            self.status = "ready"
+        m = self.metrics
+        m.release_info.labels(model.name, str(model.version), "tabular", model.root_digest).set(1)
         m.loaded.set(1)
 
     def acquire(self) -> Slot | None:

@@ -1,0 +1,47 @@
+"""``--json`` output scripts read: one JSON object on stdout, for success and for failure,
+with the exit code the plain output has (real CLI processes, real signed releases)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+
+from tests.support.releases import direct_outputs, make_onnx_model, sample_inputs
+
+
+def _cli(*args) -> tuple[int, dict]:
+    out = subprocess.run([sys.executable, "-m", "sealfl.platform.cli", *map(str, args)], capture_output=True,
+                         text=True, timeout=300)
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 1, (out.stdout, out.stderr)  # nothing but the one object on stdout
+    return out.returncode, json.loads(lines[0])
+
+
+def test_kind_verify_json_says_ok_or_names_the_failing_check(trust_dir, release_dir, tmp_path):
+    code, doc = _cli("verify", "--trust", trust_dir, release_dir, "--json")
+    assert code == 0 and doc["ok"] is True and doc["version"] == 3 and len(doc["root_digest"]) == 64
+    model = next(p for p in release_dir.iterdir() if p.suffix == ".onnx")
+    data = bytearray(model.read_bytes())
+    data[-1] ^= 1
+    model.write_bytes(bytes(data))
+    code, doc = _cli("verify", "--trust", trust_dir, release_dir, "--json")
+    assert code == 1 and doc["ok"] is False and doc["exit_code"] == 1 and model.name in doc["error"]
+
+
+def test_kind_boot_json_reports_the_running_release_and_the_scores(trust_dir, release_dir, tmp_path):
+    rows = sample_inputs(3)
+    csv = tmp_path / "rows.csv"
+    csv.write_text("".join(",".join(f"{v:.6f}" for v in r) + "\n" for r in rows))
+    code, doc = _cli("device", "boot", "--trust", trust_dir, "--release", release_dir, "--state", tmp_path / "st",
+                     "--tee", "sim", "--input", csv, "--json")
+    assert code == 0 and doc["ok"] is True and doc["exit_code"] == 0 and doc["kept_last_good"] is False
+    assert doc["release"]["version"] == 3 and doc["tee"] == {"backend": "sim", "insecure": True}
+    parsed = [[float(f"{v:.6f}") for v in r] for r in rows]
+    expected = direct_outputs(make_onnx_model(), np.array(parsed, dtype=np.float32)).reshape(-1)
+    assert [round(s, 5) for s in doc["scores"]] == [round(float(e), 5) for e in expected]
+    code, doc = _cli("device", "boot", "--trust", trust_dir, "--release", tmp_path / "nowhere", "--state",
+                     tmp_path / "st", "--json")
+    assert code == 3 and doc["kept_last_good"] is True and "nowhere" in doc["refused"] and doc["scores"] is None
