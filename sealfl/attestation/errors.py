@@ -18,6 +18,8 @@ __all__ = [
     "ManifestError",
     "SignatureError",
     "StatementError",
+    "ProvenanceError",
+    "AuditError",
     "QuoteError",
     "PolicyError",
     "FormatError",
@@ -53,6 +55,15 @@ class SignatureError(AttestationError):
 
 class StatementError(AttestationError):
     """An in-toto Statement is malformed or not a sealfl release statement."""
+
+
+class ProvenanceError(AttestationError):
+    """A release's provenance statement is malformed, not signed by a pinned release key, or
+    bound to another release (:mod:`sealfl.attestation.provenance`)."""
+
+
+class AuditError(AttestationError):
+    """Public evidence given to an audit is unreadable or malformed (:mod:`sealfl.attestation.audit`)."""
 
 
 class QuoteError(AttestationError):
@@ -94,6 +105,8 @@ CHECKS: dict[str, str] = {
     "attestation": "the release attestation does not prove that the pinned release enclave produced this release",
     "version": ("the release version is below the minimum version pinned in policy.json, or jumps further "
                 "above the device's last version than policy.json's max_version_step allows"),
+    "model-signature": ("model.sig (the OpenSSF model-signing signature) is not by a pinned release key or does "
+                        "not sign exactly the files of this release; re-download the release"),
     "rollback": ("the release is older than, or differs at the same version from, the last release this "
                  "device ran; publish a newer version"),
 }

@@ -3,7 +3,7 @@
 :func:`load_release` is what ``sealfl verify`` and ``device boot`` use:
 
 1. list the directory's names (at most ``VerifyConfig.max_entries``); nothing is opened;
-2. read ``manifest.dsse.json``, ``manifest.json``, ``attestation.json``, each no further than
+2. read ``manifest.dsse.json``, ``manifest.json``, ``attestation.json``, ``model.sig``, each no further than
    its cap + 1 byte (:class:`~sealfl.attestation.config.VerifyConfig`);
 3. :func:`~sealfl.attestation.verify.verify_metadata` on those bytes and the names -- an
    unlisted name is refused as ``extra-file`` without ever being opened;
@@ -219,10 +219,9 @@ def load_release(path: str | os.PathLike, trust: TrustAnchors, *, state: DeviceS
     try:
         names = _list_dir(dfd, root, config.max_entries)
         documents = {}
-        for name in METADATA_FILES:
-            if name not in names:
-                raise VerificationError(name, "missing-file", "release metadata file is missing")
-            documents[name] = _read_document(dfd, name, config.document_cap(name))
+        for name in METADATA_FILES:  # verify_metadata refuses a missing one (and says why it matters)
+            if name in names:
+                documents[name] = _read_document(dfd, name, config.document_cap(name))
         signed = verify_metadata(documents, names, trust, state=state, config=config)
         read = {entry.path: _read_payload(dfd, entry.path, entry.size) for entry in signed.files}
     finally:

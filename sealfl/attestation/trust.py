@@ -3,6 +3,8 @@
 Trust directory layout (all public, never a private key)::
 
     release_key.pub.pem   one or more concatenated PEM public keys (ECDSA P-256); any may sign
+    release-signing.pub   the (first) release public key alone, for ``model_signing verify key
+                          --public_key`` (optional when reading; must be one of the keys above)
     enclave_ak.pub.pem    PEM public attestation key (AK) of the release enclave's TEE
     policy.json           {"schema": "sealfl.trust-policy/v1",
                            "expected_pcrs": {"16": hex, ...},   # release-enclave measurement
@@ -47,6 +49,7 @@ __all__ = [
     "POLICY_SCHEMA",
     "DEFAULT_MAX_VERSION_STEP",
     "RELEASE_KEY_FILE",
+    "MODEL_SIGNING_KEY_FILE",
     "AK_FILE",
     "POLICY_FILE",
     "TrustAnchors",
@@ -54,12 +57,15 @@ __all__ = [
     "trust_anchor_files",
     "load_trust_anchors",
     "write_trust_anchors",
+    "check_model_signing_key",
 ]
 
 log = logging.getLogger(__name__)
 
 POLICY_SCHEMA = "sealfl.trust-policy/v1"
 RELEASE_KEY_FILE = "release_key.pub.pem"
+#: the release key for OpenSSF model-signing tools (one PEM key)
+MODEL_SIGNING_KEY_FILE = "release-signing.pub"
 AK_FILE = "enclave_ak.pub.pem"
 POLICY_FILE = "policy.json"
 #: Default of policy.json's ``max_version_step``: a release may be at most this many
@@ -186,6 +192,7 @@ def trust_anchor_files(
         raise TrustAnchorError(f"trust anchor values are not JSON-serialisable: {exc}") from exc
     files = {
         RELEASE_KEY_FILE: b"".join(_keys.public_key_to_pem(k) for k in release_keys),
+        MODEL_SIGNING_KEY_FILE: _keys.public_key_to_pem(release_keys[0]),
         AK_FILE: _keys.public_key_to_pem(ak_public_key),
         POLICY_FILE: policy_bytes,
     }
@@ -209,7 +216,26 @@ def load_trust_anchors(trust_dir: str | os.PathLike) -> TrustAnchors:
                 f"cannot read trust file {root / name} ({exc.strerror or exc}); provision the device "
                 "with the trust directory exported by the release enclave"
             ) from exc
-    return parse_trust_anchors(blobs[RELEASE_KEY_FILE], blobs[AK_FILE], blobs[POLICY_FILE])
+    anchors = parse_trust_anchors(blobs[RELEASE_KEY_FILE], blobs[AK_FILE], blobs[POLICY_FILE])
+    signing = root / MODEL_SIGNING_KEY_FILE
+    if signing.exists():
+        check_model_signing_key(signing.read_bytes(), anchors)
+    return anchors
+
+
+def check_model_signing_key(pem: bytes, anchors: TrustAnchors) -> None:
+    """``release-signing.pub`` must be one of the pinned release keys. Pure.
+
+    Raises:
+        TrustAnchorError: it is not one PEM P-256 public key among ``anchors.release_public_keys``.
+    """
+    try:
+        key = _keys.load_public_key(pem)
+    except KeyFormatError as exc:
+        raise TrustAnchorError(f"trust anchor {MODEL_SIGNING_KEY_FILE}: {exc}; re-export the trust anchors") from exc
+    if _keys.keyid(key) not in {_keys.keyid(k) for k in anchors.release_public_keys}:
+        raise TrustAnchorError(f"trust anchor {MODEL_SIGNING_KEY_FILE} is not one of the keys in {RELEASE_KEY_FILE}; "
+                               "re-export the trust anchors")
 
 
 def write_trust_anchors(trust_dir: str | os.PathLike, files: Mapping[str, bytes], *,

@@ -14,7 +14,9 @@ the reading lives in :mod:`sealfl.attestation.reader`:
 
 Checks, in order (each failure raises :class:`VerificationError` naming file and check):
 
-1. ``missing-file`` / ``size``  the three documents are there and within their caps.
+1. ``missing-file`` / ``size``  the four documents are there and within their caps (a
+   directory that holds a valid ``model.sig`` but lacks sealfl's documents -- signed by
+   ``model_signing sign key`` -- is refused naming what sealfl demands more).
 2. ``signature``  manifest.dsse.json is a DSSE envelope (every field type-checked, strict
    Base64) signed by a pinned release key.
 3. ``statement``  its payload is a sealfl in-toto Statement v1.
@@ -27,6 +29,10 @@ Checks, in order (each failure raises :class:`VerificationError` naming file and
    over the SHA-256 of the signed statement, with the pinned PCRs, from an allowed backend.
 8. ``version`` / ``rollback``  :meth:`DeviceState.check` (policy min_version and
    max_version_step, the device's rollback floor).
+8b. ``model-signature``  model.sig is an OpenSSF model-signing v1.0 bundle signed by a pinned
+   release key (:mod:`sealfl.attestation.model_sig`) whose resources are exactly the signed
+   payload files (their signed digests) and the other documents (their SHA-256; the optional
+   provenance.dsse.json too: its content is the auditor's, :mod:`sealfl.attestation.audit`).
 9. ``hash``       every payload file has its signed size and SHA-256 (all mismatches reported).
 10. ``onnx``      every ``.onnx`` payload and the metadata's ``model_file`` is a
     self-contained ONNX model (:mod:`sealfl.attestation.onnx_check`).
@@ -40,7 +46,16 @@ import logging
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
-from sealfl.attestation.bundle import ATTESTATION_FILE, ENVELOPE_FILE, MANIFEST_FILE, METADATA_FILES, parse_attestation
+from sealfl.attestation.bundle import (
+    ATTESTATION_FILE,
+    ENVELOPE_FILE,
+    MANIFEST_FILE,
+    METADATA_FILES,
+    PROVENANCE_FILE,
+    REQUIRED_FILES,
+    SIGNATURE_FILE,
+    parse_attestation,
+)
 from sealfl.attestation.canonical import JSONFormatError, loads_strict
 from sealfl.attestation.config import DEFAULT_CONFIG, VerifyConfig
 from sealfl.attestation.device_state import DeviceState
@@ -54,6 +69,7 @@ from sealfl.attestation.errors import (
     VerificationError,
 )
 from sealfl.attestation.manifest import parse_manifest
+from sealfl.attestation.model_sig import signature_problems, verify_model_signature
 from sealfl.attestation.onnx_check import check_self_contained
 from sealfl.attestation.quote import RELEASE_PURPOSE, verify_quote
 from sealfl.attestation.statement import PAYLOAD_TYPE, parse_statement
@@ -86,7 +102,7 @@ class SignedRelease:
         manifest: the parsed manifest dict.
         metadata: the signed metadata dict.
         backend: TEE backend of the release attestation (``"sim"`` is insecure).
-        documents: ``{name: bytes}`` of the three signed documents, as verified.
+        documents: ``{name: bytes}`` of the four signed documents, as verified.
     """
 
     name: str
@@ -114,7 +130,7 @@ class VerifiedRelease:
         metadata: the manifest's (signed) metadata dict.
         backend: TEE backend of the release attestation (``"sim"`` is insecure).
         statement_digest: SHA-256 of the signed statement, lowercase hex (one per signed release).
-        documents: ``{name: bytes}`` of manifest.dsse.json, manifest.json, attestation.json.
+        documents: ``{name: bytes}`` of manifest.dsse.json, manifest.json, attestation.json, model.sig.
     """
 
     name: str
@@ -148,13 +164,29 @@ def _listing_problems(listed: Collection[str], present: Collection[str]) -> None
     raise VerificationError(extra[0], "extra-file", detail, tuple(extra))
 
 
+def _only_model_signing(documents: Mapping[str, bytes], trust: TrustAnchors, config: VerifyConfig) -> str:
+    """The missing-file hint for a directory that a model_signing signer signed: '' unless its
+    model.sig verifies with a pinned key."""
+    data = documents.get(SIGNATURE_FILE)
+    if not isinstance(data, bytes) or len(data) > config.max_signature_bytes or ENVELOPE_FILE in documents:
+        return ""
+    try:
+        verify_model_signature(data, trust.release_public_keys)
+    except SignatureError:
+        return ""
+    return (f"; {SIGNATURE_FILE} verifies with the pinned release key (an OpenSSF model-signing signature), but "
+            f"sealfl's policy demands more than a signature: the release enclave's signed manifest "
+            f"({ENVELOPE_FILE}, {MANIFEST_FILE}) and its attestation ({ATTESTATION_FILE}); build the release "
+            "with `sealfl release` (the release enclave)")
+
+
 def verify_metadata(documents: Mapping[str, bytes], listing: Collection[str], trust: TrustAnchors, *,
                     state: DeviceState | None = None, config: VerifyConfig = DEFAULT_CONFIG) -> SignedRelease:
     """Checks 1-8 (module docstring) on the signed documents and the directory's names. Pure.
 
     Args:
-        documents: ``{name: bytes}`` of manifest.dsse.json, manifest.json and
-            attestation.json (other keys are ignored).
+        documents: ``{name: bytes}`` of manifest.dsse.json, manifest.json,
+            attestation.json and model.sig (other keys are ignored).
         listing: every entry name of the release directory (nothing of them is read).
         trust: pinned keys and policy.
         state: the device's trusted state (rollback floor); None = a fresh device.
@@ -166,9 +198,14 @@ def verify_metadata(documents: Mapping[str, bytes], listing: Collection[str], tr
     Raises:
         VerificationError: the first failed check, with ``.file`` and ``.check`` set.
     """
-    for name in (ENVELOPE_FILE, MANIFEST_FILE, ATTESTATION_FILE):
+    for name in (ENVELOPE_FILE, MANIFEST_FILE, ATTESTATION_FILE, SIGNATURE_FILE):
         if name not in documents or name not in listing:
-            raise VerificationError(name, "missing-file", "release metadata file is missing")
+            raise VerificationError(name, "missing-file", "release metadata file is missing"
+                                    + _only_model_signing(documents, trust, config))
+    optional = [PROVENANCE_FILE] if PROVENANCE_FILE in listing else []
+    if optional and PROVENANCE_FILE not in documents:
+        raise VerificationError(PROVENANCE_FILE, "read", "the release directory lists it but it was not read")
+    for name in REQUIRED_FILES + tuple(optional):
         if not isinstance(documents[name], bytes):
             raise VerificationError(name, "read", f"content must be immutable bytes, got "
                                     f"{type(documents[name]).__name__}")
@@ -212,11 +249,22 @@ def verify_metadata(documents: Mapping[str, bytes], listing: Collection[str], tr
     except (QuoteError, PolicyError) as exc:
         raise VerificationError(ATTESTATION_FILE, "attestation", str(exc)) from exc
     (state or DeviceState()).check(statement.version, statement.root_digest, statement.statement_digest, trust)
+    try:
+        model_sig = verify_model_signature(documents[SIGNATURE_FILE], trust.release_public_keys)
+    except SignatureError as exc:
+        raise VerificationError(SIGNATURE_FILE, "model-signature", str(exc)) from exc
+    expected = {e.path: e.sha256 for e in entries}
+    expected.update({doc: hashlib.sha256(documents[doc]).hexdigest()
+                     for doc in (MANIFEST_FILE, ENVELOPE_FILE, ATTESTATION_FILE, *optional)})
+    problems = signature_problems(model_sig.files, expected)
+    if problems:
+        raise VerificationError(SIGNATURE_FILE, "model-signature", "; ".join(problems[:8])
+                                + (f" (and {len(problems) - 8} more)" if len(problems) > 8 else ""))
     return SignedRelease(
         name=statement.name, version=statement.version, root_digest=statement.root_digest,
         statement_digest=statement.statement_digest, files=entries, manifest=manifest,
         metadata=manifest["metadata"], backend=quote["backend"],
-        documents={name: documents[name] for name in METADATA_FILES},
+        documents={name: documents[name] for name in (*REQUIRED_FILES, *optional)},
     )
 
 

@@ -1,8 +1,10 @@
 """``sealfl demo``: the spine end to end on the real four-hospital data.
 
 consortium (fresh keys) -> encrypted campaign on Ray -> release (INT8, gated, signed,
-attested) -> device boot from that release -> on-device inference on all 4 test splits
--> table + ``report.json``.
+attested, with provenance) -> device boot from that release -> on-device inference on all 4
+test splits -> the device attests and the chain is audited from public material only
+(:mod:`sealfl.attestation.audit`; the files a third party needs go to ``out/audit/``) ->
+table + ``report.json``.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ FLAMBY_POOLED = 0.776
 FLAMBY_FEDAVG = 0.654
 
 
-OWNED = {MARKER, "consortium", "campaign", "release", "device-state", "report.json"}
+OWNED = {MARKER, "consortium", "campaign", "release", "device-state", "audit", "report.json"}
 
 
 def _prepare(out: Path) -> None:
@@ -45,6 +47,38 @@ def _measured_server_secret(cons: Consortium) -> bool:
     """Load the aggregator's context file exactly as the aggregator does and ask TenSEAL."""
     codec = codecs.from_bytes(cons.public_context.read_bytes(), cons.he_params, bytes.fromhex(cons.context_id))
     return codec.has_secret_key
+
+
+def _audit(cons: Consortium, out: Path, console: Console) -> dict:
+    """The device attests to a fresh nonce; the chain is checked from public files only, which
+    are written to ``out/audit/`` with the ``sealfl audit`` command that checks them again."""
+    import os
+
+    from sealfl.attestation.audit import DeviceEvidence, all_hold, audit_chain
+    from sealfl.attestation.canonical import canonical_json
+    from sealfl.attestation.keys import load_public_key
+    from sealfl.attestation.release import load_trust_anchors, read_release_dir
+    from sealfl.enclave.device.evidence import attest_device, device_public_key, measure_config
+    from sealfl.enclave.measurement import measure_device_runtime
+
+    nonce = os.urandom(16)
+    evidence = attest_device(out / "device-state", nonce)
+    ak = device_public_key(out / "device-state")
+    folder = out / "audit"
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write(folder / "evidence.json", canonical_json(evidence) + b"\n", 0o644)
+    atomic_write(folder / "device-ak.pem", ak, 0o644)
+    trust, rounds = trust_dir(cons), out / "campaign" / "rounds.jsonl"
+    links = audit_chain(trust=load_trust_anchors(trust), round_log=rounds.read_bytes(),
+                        release_files=read_release_dir(out / "release"),
+                        device=DeviceEvidence(evidence, load_public_key(ak), nonce, frozenset({"sim"}),
+                                              frozenset({measure_device_runtime().hex()}),
+                                              frozenset({measure_config(trust).hex()})))
+    for link in links:
+        console.print(f"{'PASS' if link.ok else 'FAIL'}  {link.name:20s} {link.detail}", markup=False, highlight=False)
+    command = (f"sealfl audit --trust {trust} --rounds {rounds} --release {out / 'release'} --evidence "
+               f"{folder / 'evidence.json'} --device-ak {folder / 'device-ak.pem'} --nonce {nonce.hex()} --allow-sim")
+    return {"ok": all_hold(links), "links": {link.name: link.ok for link in links}, "command": command}
 
 
 def run_demo(out: Path, *, rounds: int = 10, ray_address: str | None = None, console: Console | None = None) -> dict:
@@ -94,6 +128,9 @@ def run_demo(out: Path, *, rounds: int = 10, ray_address: str | None = None, con
             correct = int(np.sum((p >= 0.5) == (part.y_test >= 0.5)))
             per_device[part.name] = {"correct": correct, "n": int(len(p)), "accuracy": correct / len(p)}
         verified = {"name": dev.release.name, "version": dev.release.version, "root_digest": dev.release.root_digest}
+    supervisor.check()
+    console.rule("[bold]5. audit: round digests -> decrypted aggregate -> provenance -> release -> device quote")
+    audit = _audit(cons, out, console)
     n_dev = sum(v["n"] for v in per_device.values())
     dev_pooled = sum(v["correct"] for v in per_device.values()) / n_dev
 
@@ -123,6 +160,7 @@ def run_demo(out: Path, *, rounds: int = 10, ray_address: str | None = None, con
         "release": {"dir": str(out / "release"), "root_digest": rel.summary["root_digest"],
                     "version": rel.summary["version"], "files": rel.summary["files"], **rel.sizes},
         "trust": {"dir": str(trust_dir(cons))},
+        "audit": audit,
         "ray": camp.ray,
         "he": {
             **cons.he_params.to_dict(),

@@ -36,6 +36,7 @@ from sealfl.platform.canary import build_canary, canary_rows, self_check
 from sealfl.platform.consortium import Consortium
 from sealfl.platform.errors import ReleaseError
 from sealfl.platform.fedeval import federated_evaluate
+from sealfl.platform.provenance import campaign_provenance
 from sealfl.platform.quantize import SCHEME, quantize_int8
 from sealfl.platform.register import check_new_version, mark_issued, read_register, reserve, unreserve
 from sealfl.server.bookkeeping import CampaignDir
@@ -364,10 +365,14 @@ def release_tabular(job: ReleaseJob) -> tuple[dict, dict, dict, list]:
         "accuracy": {"fp32_pooled_test": acc["fp32"]["pooled"], "int8_pooled_test": acc["int8"]["pooled"],
                      "max_drop": max_drop},
     }
+    provenance = campaign_provenance(
+        cons, campaign_dir, ckpt, optimizer=campaign_server_opt(campaign_dir), gate=dict(metadata["accuracy"]),
+        export={"format": "onnx", "model_file": MODEL_FILE, "input": metadata["input"], "output": metadata["output"]},
+        quantization=dict(SCHEME))
     supervisor.check()
     reserve(cons.dir, version, str(out_dir))  # before the directory exists: no version is issued twice
     try:
-        summary = enclave.write_release(out_dir, {MODEL_FILE: int8}, name, version, metadata)
+        summary = enclave.write_release(out_dir, {MODEL_FILE: int8}, name, version, metadata, provenance)
     except Exception:
         if not _holds_files(Path(out_dir)):  # the rename never happened: the version was not used
             unreserve(cons.dir, version)

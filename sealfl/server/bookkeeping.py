@@ -3,7 +3,9 @@
 Layout::
 
     status.json            {"status", "round", "num_rounds", "error", "owner", "worker", "ray", ...}
-    rounds.jsonl           one JSON object per finished round (train + evaluate results)
+    rounds.jsonl           one JSON object per finished round (train + evaluate results, and
+                           ``aggregate_sha256``: SHA-256 of the round's encrypted aggregate frame,
+                           ``model_ct`` in the checkpoint -- public, what release provenance cites)
     checkpoint/global.npz  the encrypted global state after the last finished round
     server_config.json     the aggregator's configuration (written by the coordinator)
     worker.log             stderr of the process that ran Flower and Ray
@@ -44,6 +46,7 @@ Parsing every file back and deciding a campaign's state are pure functions in
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import logging
 import os
@@ -358,7 +361,8 @@ class CampaignDir:
         staged = self._staged
         if staged is None or staged.round != server_round:
             raise CampaignDirError(f"round {server_round} ends without a staged aggregate; nothing to commit")
-        rec = {"round": server_round, **self.current}
+        rec = {"round": server_round, **self.current,
+               "aggregate_sha256": hashlib.sha256(staged.model_ct).hexdigest()}
         self._commit_checkpoint(Checkpoint(staged.round, staged.model_ct, staged.model_weight, staged.stats_ct, rec))
         line = (json.dumps(rec) + "\n").encode()
         fd = os.open(self.rounds_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from sealfl.attestation import keys
 from sealfl.attestation.canonical import canonical_json, json_type
 from sealfl.attestation.device_state import DeviceState, LastGood
-from sealfl.attestation.dsse import sign_envelope, verify_envelope
+from sealfl.attestation.dsse import pae, sign_envelope, verify_envelope
 from sealfl.attestation.errors import (
     DeviceStateError,
     ManifestError,
@@ -41,6 +41,7 @@ from sealfl.attestation.errors import (
     VerificationError,
 )
 from sealfl.attestation.manifest import parse_manifest
+from sealfl.attestation.model_sig import verify_model_signature
 from sealfl.attestation.quote import quote_message, verify_quote
 from sealfl.attestation.release import load_trust_anchors, read_release_dir, verify_release
 from sealfl.attestation.statement import PAYLOAD_TYPE, parse_statement
@@ -249,6 +250,34 @@ def _quote(world):
     return quote, run, (QuoteError, PolicyError), _never, "quote"
 
 
+def _model_sig(world):
+    def may_pass(path, op):  # not read: the transparency log entries, the keyids; the key hint is optional
+        return (path[:2] == ("verificationMaterial", "tlogEntries") or path[-1] == "keyid"
+                or (op == "delete" and path in {("verificationMaterial", "publicKey"),
+                                                ("verificationMaterial", "publicKey", "hint")}))
+
+    return (_json(world["files"]["model.sig"]),
+            lambda d: verify_model_signature(canonical_json(d), world["trust"].release_public_keys),
+            (SignatureError,), may_pass, "model.sig")
+
+
+def _model_sig_statement(world):  # re-signed, so the statement checks (not the signature) refuse it
+    bundle = _json(world["files"]["model.sig"])
+
+    def run(d):
+        payload = canonical_json(d)
+        signed = copy.deepcopy(bundle)
+        signed["dsseEnvelope"]["payload"] = base64.b64encode(payload).decode()
+        signed["dsseEnvelope"]["signatures"][0]["sig"] = base64.b64encode(
+            keys.sign(world["enclave"]._key, pae(PAYLOAD_TYPE, payload))).decode()
+        verify_model_signature(canonical_json(signed), world["trust"].release_public_keys)
+
+    def may_pass(path, op):  # model_signing's serialization settings beyond method and hash_type are not read
+        return path[:2] == ("predicate", "serialization") and path[2:3] not in (("method",), ("hash_type",))
+
+    return (_json(base64.b64decode(bundle["dsseEnvelope"]["payload"])), run, (SignatureError,), may_pass, "model.sig")
+
+
 def _state(world):
     doc = _json(DeviceState(LastGood("heart-mlp", 3, "2" * 64, "1" * 64, "slots/v3-a", "/src", MODEL_FILE)).to_bytes())
     return doc, lambda d: DeviceState.from_bytes(canonical_json(d)), (DeviceStateError,), _never, "state.json"
@@ -281,6 +310,8 @@ DOCUMENTS = {
     "dsse-envelope": _envelope,
     "dsse-envelope-in-release": _envelope_in_release,
     "attestation.json-in-release": _attestation,
+    "model.sig": _model_sig,
+    "model.sig-statement": _model_sig_statement,
     "quote": _quote,
     "state.json": _state,
     "enclave.json": _enclave_json,

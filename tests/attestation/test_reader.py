@@ -98,7 +98,7 @@ def test_kind_unlisted_files_are_never_opened(trust_dir, release_dir, monkeypatc
     assert err.files == ("link", "pipe", "sub", "zz-huge.bin")  # every unlisted name, sorted
     for name in err.files:
         assert repr(name)[1:-1] in str(err)
-    assert set(opened) <= {str(release_dir), "manifest.dsse.json", "manifest.json", "attestation.json"}
+    assert set(opened) <= {str(release_dir), "manifest.dsse.json", "manifest.json", "attestation.json", "model.sig"}
 
 
 def test_kind_missing_and_unlisted_are_reported_together(trust_dir, release_dir):
@@ -227,7 +227,7 @@ def test_verify_payload_uses_a_well_formed_digest_and_ignores_anything_else(rele
     from sealfl.attestation.verify import verify_metadata, verify_payload
 
     trust = load_trust_anchors(trust_dir)
-    docs = {k: v for k, v in release_files.items() if k.endswith(".json")}
+    docs = {k: v for k, v in release_files.items() if k.endswith(".json") or k == "model.sig"}
     signed = verify_metadata(docs, list(release_files), trust)
     payload = {e.path: release_files[e.path] for e in signed.files}
     for bad in ("XYZ", 42, None, "A" * 64, hashlib.sha256(b"").hexdigest()[:63]):

@@ -26,7 +26,7 @@ from sealfl.attestation.release import (
 from sealfl.attestation.statement import PAYLOAD_TYPE
 from sealfl.enclave.measurement import measure_release_enclave
 from sealfl.enclave.tee.sim import SimTEE
-from tests.support.releases import MODEL_FILE
+from tests.support.releases import MODEL_FILE, resigned_model_sig
 
 
 def _statement_digest(files) -> str:
@@ -295,4 +295,5 @@ def test_kind_versions_are_bounded_everywhere(release_files, trust_dir, enclave,
              "manifest.dsse.json": json.dumps(sign_envelope(payload, PAYLOAD_TYPE, enclave._key)).encode(),
              "attestation.json": canonical_json(build_attestation(
                  enclave.tee.quote("release", hashlib.sha256(payload).digest(), [16])))}
+    files["model.sig"] = resigned_model_sig(files, enclave._key)
     assert verify_release(files, load_trust_anchors(trust_dir)).version == MAX_VERSION

@@ -17,8 +17,9 @@ from sealfl.he.framed import WIDE
 from sealfl.platform.consortium import create_consortium
 from sealfl.platform.register import read_register
 from sealfl.platform.release import provision_release_enclave
-from sealfl.server.bookkeeping import CampaignDir, save_checkpoint
+from sealfl.server.bookkeeping import CampaignDir
 from tests.support.faults import assert_tree_gone, hidden_files, run_cli, start_cli, wait_until
+from tests.support.releases import commit_round
 
 pytestmark = pytest.mark.slow
 
@@ -203,8 +204,8 @@ def finished_campaign(consortium, tmp_path_factory):
     camp = tmp_path_factory.mktemp("finished") / "camp"
     parts = load_partitions()
     n = float(sum(p.n_train for p in parts))
-    save_checkpoint(camp, 3, codec.encrypt(HeartTask().init_params()), n,
-                    codec.encrypt(sum(local_sums(p.x_train) for p in parts), WIDE))
+    commit_round(camp, 3, codec.encrypt(HeartTask().init_params()), n,
+                 codec.encrypt(sum(local_sums(p.x_train) for p in parts), WIDE), [p.name for p in parts])
     CampaignDir(camp, 3).set_status(status="finished", round=3, stats_declared_n=int(n))
     return camp
 

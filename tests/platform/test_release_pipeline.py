@@ -29,7 +29,8 @@ from sealfl.platform import release as release_mod
 from sealfl.platform.consortium import create_consortium
 from sealfl.platform.errors import ReleaseError
 from sealfl.platform.release import MODEL_FILE, check_gate, enclave_dir, provision_release_enclave, release, trust_dir
-from sealfl.server.bookkeeping import CampaignDir, save_checkpoint
+from sealfl.server.bookkeeping import CampaignDir
+from tests.support.releases import commit_round
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,10 @@ def built(tmp_path_factory):
     total = int(weights.sum())
     model_ct = codec.encrypt(update_share(params, total, total, codec.WEIGHTING))
     stats_ct = codec.encrypt(sum(local_sums(p.x_train) for p in parts), WIDE)
-    save_checkpoint(root / "camp", 3, model_ct, float(weights.sum()), stats_ct)
+    for r in (1, 2):  # earlier rounds' aggregates (other ciphertexts), as the round log holds them
+        commit_round(root / "camp", r, codec.encrypt(update_share(0 * params, total, total, codec.WEIGHTING)),
+                     float(weights.sum()), stats_ct, list(HOSPITALS))
+    commit_round(root / "camp", 3, model_ct, float(weights.sum()), stats_ct, list(HOSPITALS))
     # as the aggregator leaves it (with the total of rows the partners declared in the statistics round)
     CampaignDir(root / "camp", 3).set_status(status="finished", round=3, stats_declared_n=int(weights.sum()))
     res = release(cons.dir, root / "camp", root / "release", version=2)
@@ -293,3 +297,170 @@ def test_kind_a_new_version_of_the_same_content_is_pointed_out():
                {"version": 3, "root_digest": "aa"}, {"version": 4, "state": "issued", "root_digest": "bb"}]
     assert same_content(entries, "aa", 5) == [1, 3]  # 0.1 entries without a state are issued
     assert same_content(entries, "aa", 3) == [1] and same_content(entries, "cc", 5) == []
+
+# -- sealfl audit: the chain from the rounds to a device's quote --------------------------------
+
+_NONCE = bytes(range(1, 17))
+
+
+def _attested_device(trust, release_dir, state):
+    """Boot ``release_dir`` on a sim device in ``state`` and return its public evidence."""
+    from sealfl.enclave.device.evidence import attest_device, device_public_key
+
+    boot(trust, release_dir, state, backend="sim").close()
+    return attest_device(state, _NONCE), device_public_key(state)
+
+
+@pytest.fixture(scope="module")
+def chain(built, tmp_path_factory):
+    """The public material of the real chain: trust dir, round log, release, device evidence."""
+    root = tmp_path_factory.mktemp("audit")
+    trust = trust_dir(built["cons"])
+    evidence, ak = _attested_device(trust, built["root"] / "release", root / "device")
+    (root / "evidence.json").write_text(json.dumps(evidence))
+    (root / "ak.pem").write_bytes(ak)
+    return {"trust": trust, "rounds": built["root"] / "camp" / "rounds.jsonl", "release": built["root"] / "release",
+            "evidence": root / "evidence.json", "ak": root / "ak.pem", "root": root}
+
+
+def _audit_cli(chain, *extra, **swap):
+    paths = {**chain, **swap}
+    return subprocess.run([sys.executable, "-m", "sealfl.platform.cli", "audit", "--trust", str(paths["trust"]),
+                           "--rounds", str(paths["rounds"]), "--release", str(paths["release"]),
+                           "--evidence", str(paths["evidence"]), "--device-ak", str(paths["ak"]),
+                           "--nonce", _NONCE.hex(), "--allow-sim", *extra],
+                          capture_output=True, text=True, timeout=120)
+
+
+def _links(chain, **swap):
+    """audit_chain on the chain's files with one piece swapped: {link: (ok, detail)}."""
+    from sealfl.attestation.audit import DeviceEvidence, audit_chain
+    from sealfl.attestation.keys import load_public_key
+    from sealfl.attestation.release import load_trust_anchors, read_release_dir
+    from sealfl.enclave.device.evidence import measure_config
+    from sealfl.enclave.measurement import measure_device_runtime
+
+    paths = {**chain, **swap}
+    device = DeviceEvidence(json.loads(paths["evidence"].read_bytes()), load_public_key(paths["ak"].read_bytes()),
+                            _NONCE, frozenset({"sim"}), frozenset({measure_device_runtime().hex()}),
+                            frozenset({measure_config(paths["trust"]).hex()}))
+    links = audit_chain(trust=load_trust_anchors(paths["trust"]), round_log=paths["rounds"].read_bytes(),
+                        release_files=read_release_dir(paths["release"]), device=device)
+    return {link.name: (link.ok, link.detail) for link in links}
+
+
+def test_audit_passes_on_the_real_chain_and_prints_one_line_per_link(chain, built):
+    done = _audit_cli(chain)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert [line.split()[:2] for line in lines] == [["PASS", n] for n in
+                                                    ("rounds", "decrypted-aggregate", "provenance", "release", "device")]
+    doc = json.loads(_audit_cli(chain, "--json").stdout)
+    assert doc["ok"] is True and [d["link"] for d in doc["links"]][0] == "rounds"
+    # what the provenance says, checked here against the campaign files with hashlib
+    env = json.loads((chain["release"] / "provenance.dsse.json").read_bytes())
+    pred = json.loads(base64.b64decode(env["payload"]))["predicate"]
+    ckpt = CampaignDir(built["root"] / "camp").read_checkpoint()
+    assert pred["decrypted_aggregate"] == {"round": 3, "sha256": hashlib.sha256(ckpt.model_ct).hexdigest()}
+    assert [r["round"] for r in pred["rounds"]] == [1, 2, 3]
+    assert all(r["partners"] == sorted(HOSPITALS) for r in pred["rounds"])
+    public = (built["cons"].dir / "aggregator" / "public.he").read_bytes()
+    assert pred["he"]["public_params_sha256"] == hashlib.sha256(public).hexdigest() and pred["he"]["codec"] == "bfv"
+    assert pred["consortium"]["partners"] == list(HOSPITALS) and pred["optimizer"]["name"] == "fedavg"
+    assert pred["gate"]["max_drop"] == 0.01 and pred["quantization"] and pred["version"] == 2
+
+
+def _only_failing(links, *names):
+    failing = sorted(n for n, (ok, _) in links.items() if not ok)
+    assert failing == sorted(names), links
+    return links
+
+
+def test_audit_names_a_swapped_round_digest(chain, tmp_path):
+    lines = chain["rounds"].read_text().splitlines()
+    rec = json.loads(lines[0])
+    rec["aggregate_sha256"] = hashlib.sha256(b"another aggregate").hexdigest()
+    (tmp_path / "rounds.jsonl").write_text("\n".join([json.dumps(rec)] + lines[1:]) + "\n")
+    links = _only_failing(_links(chain, rounds=tmp_path / "rounds.jsonl"), "rounds")
+    assert "round 1: the log's aggregate" in links["rounds"][1]
+    done = _audit_cli(chain, rounds=tmp_path / "rounds.jsonl")
+    assert done.returncode == 1 and "FAIL  rounds" in done.stdout and "PASS  device" in done.stdout
+
+
+def test_audit_names_a_swapped_final_aggregate(chain, tmp_path):
+    lines = chain["rounds"].read_text().splitlines()
+    last = json.loads(lines[-1])
+    last["aggregate_sha256"] = hashlib.sha256(b"not what the enclave decrypted").hexdigest()
+    (tmp_path / "rounds.jsonl").write_text("\n".join(lines[:-1] + [json.dumps(last)]) + "\n")
+    links = _only_failing(_links(chain, rounds=tmp_path / "rounds.jsonl"), "rounds", "decrypted-aggregate")
+    assert "the log's last round 3" in links["decrypted-aggregate"][1]
+
+
+def _release_copy(chain, tmp_path, name="release"):
+    d = tmp_path / name
+    shutil.copytree(chain["release"], d)
+    return d
+
+
+def test_audit_names_a_provenance_that_lies_about_the_decrypted_aggregate(chain, built, tmp_path):
+    from sealfl.attestation.canonical import canonical_json
+    from tests.support.releases import resigned_model_sig
+
+    enclave = ReleaseEnclave.open(enclave_dir(built["cons"]))  # even the release key cannot make the chain hold
+    d = _release_copy(chain, tmp_path)
+    env = json.loads((d / "provenance.dsse.json").read_bytes())
+    statement = json.loads(base64.b64decode(env["payload"]))
+    statement["predicate"]["decrypted_aggregate"]["sha256"] = hashlib.sha256(b"some other model").hexdigest()
+    (d / "provenance.dsse.json").write_bytes(canonical_json(sign_envelope(canonical_json(statement),
+                                                                           env["payloadType"], enclave._key)))
+    files = {p.name: p.read_bytes() for p in d.iterdir()}
+    (d / "model.sig").write_bytes(resigned_model_sig(files, enclave._key))
+    links = _only_failing(_links(chain, release=d), "decrypted-aggregate")
+    assert "decrypted round 3's aggregate" in links["decrypted-aggregate"][1]
+
+
+def test_audit_names_a_provenance_of_another_release(chain, built, tmp_path):
+    from tests.support.releases import default_payload
+
+    enclave = ReleaseEnclave.open(enclave_dir(built["cons"]))
+    env = json.loads((chain["release"] / "provenance.dsse.json").read_bytes())
+    predicate = json.loads(base64.b64decode(env["payload"]))["predicate"]
+    other = tmp_path / "other"
+    name = json.loads((chain["release"] / "manifest.json").read_bytes())["name"]
+    enclave.write_release(other, default_payload(), name, 5, {}, predicate)
+    d = _release_copy(chain, tmp_path)
+    shutil.copy(other / "provenance.dsse.json", d / "provenance.dsse.json")
+    links = _links(chain, release=d)
+    assert not links["provenance"][0] and "another release's" in links["provenance"][1]
+    assert not links["release"][0] and "model.sig" in links["release"][1]  # model.sig signs the original
+    assert not links["rounds"][0] and "not checked" in links["rounds"][1]
+
+
+def test_audit_names_a_release_of_another_enclave(chain, tmp_path):
+    from tests.support.releases import default_payload
+
+    stranger = ReleaseEnclave.create(tmp_path / "stranger")
+    env = json.loads((chain["release"] / "provenance.dsse.json").read_bytes())
+    predicate = json.loads(base64.b64decode(env["payload"]))["predicate"]
+    name = json.loads((chain["release"] / "manifest.json").read_bytes())["name"]
+    stranger.write_release(tmp_path / "theirs", default_payload(), name, 2, {}, predicate)
+    links = _links(chain, release=tmp_path / "theirs")
+    assert not links["release"][0] and "'signature'" in links["release"][1]
+    assert not links["provenance"][0] and not links["device"][0]  # the device booted another root digest
+
+
+def test_audit_names_a_device_that_runs_another_release(chain, built, tmp_path):
+    from tests.support.releases import default_payload
+
+    enclave = ReleaseEnclave.open(enclave_dir(built["cons"]))
+    enclave.write_release(tmp_path / "v9", default_payload(), "heart-mlp", 9, {"model_file": "model.int8.onnx"})
+    evidence, ak = _attested_device(chain["trust"], tmp_path / "v9", tmp_path / "device")
+    (tmp_path / "evidence.json").write_text(json.dumps(evidence))
+    (tmp_path / "ak.pem").write_bytes(ak)
+    links = _only_failing(_links(chain, evidence=tmp_path / "evidence.json", ak=tmp_path / "ak.pem"), "device")
+    assert "release_root" in links["device"][1]
+    done = _audit_cli(chain, evidence=tmp_path / "evidence.json", ak=tmp_path / "ak.pem")
+    assert done.returncode == 1 and "FAIL  device" in done.stdout
+    # the chain's own evidence held against another device's AK: refused too
+    links = _only_failing(_links(chain, ak=tmp_path / "ak.pem"), "device")
+    assert "does not hold" in links["device"][1]

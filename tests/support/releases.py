@@ -13,7 +13,8 @@ from sealfl.attestation.quote import RELEASE_PURPOSE
 from sealfl.enclave.release.enclave import ReleaseEnclave
 
 __all__ = ["MODEL_FILE", "N_FEATURES", "WEIGHTS", "BIAS", "make_onnx_model", "sample_inputs", "direct_outputs",
-           "default_payload", "signed_release_files", "write_signed_release"]
+           "default_payload", "signed_release_files", "write_signed_release", "resigned_model_sig",
+           "commit_round"]
 
 MODEL_FILE = "model.int8.onnx"
 N_FEATURES = 4
@@ -70,3 +71,30 @@ def write_signed_release(enclave: ReleaseEnclave, out: Path, payload: dict[str, 
     for file_name, data in signed_release_files(enclave, payload, name, version, metadata).items():
         (out / file_name).write_bytes(data)
     return out
+
+
+def resigned_model_sig(files: dict[str, bytes], key) -> bytes:
+    """A ``model.sig`` over every other file of ``files`` (digests by hashlib here), signed with
+    ``key``: for tests that rewrite a release's documents and must sign it again."""
+    import hashlib
+    import json
+
+    from sealfl.attestation.model_sig import build_model_signature
+
+    name = json.loads(files["manifest.json"])["name"]
+    return build_model_signature(name, {n: hashlib.sha256(d).hexdigest() for n, d in files.items()
+                                        if n != "model.sig"}, key)
+
+
+def commit_round(campaign_dir, server_round: int, model_ct: bytes, model_weight: float, stats_ct: bytes,
+                 accepted: list[str]) -> None:
+    """Commit one round of a fabricated campaign the way the aggregator does
+    (:meth:`CampaignDir.end_round`: checkpoint, then its ``rounds.jsonl`` record with the
+    aggregate's digest and the partners that counted)."""
+    from sealfl.server.bookkeeping import CampaignDir
+
+    cd = CampaignDir(campaign_dir)
+    cd.dir.mkdir(parents=True, exist_ok=True)
+    cd.note(accepted=list(accepted))
+    cd.stage_checkpoint(server_round, model_ct, model_weight, stats_ct)
+    cd.end_round(server_round)

@@ -215,7 +215,7 @@ class ReleaseEnclave:
     # -- releases ----------------------------------------------------------------------
 
     def write_release(self, out_dir: str | os.PathLike, payload: Mapping[str, bytes], name: str,
-                      version: int, metadata: dict | None = None) -> dict:
+                      version: int, metadata: dict | None = None, provenance: dict | None = None) -> dict:
         """Sign, attest and write a release directory atomically.
 
         Builds manifest, in-toto statement, DSSE envelope and the release attestation
@@ -230,6 +230,9 @@ class ReleaseEnclave:
             name: release name.
             version: release version (int in ``0..2**31-1``).
             metadata: signed free metadata, e.g. ``{"model_file": "model.int8.onnx"}``.
+            provenance: the provenance predicate without ``version`` and ``release_enclave``,
+                which the enclave writes itself (its backend and its own PCR 16); signed as
+                ``provenance.dsse.json`` (:mod:`sealfl.attestation.provenance`). None = none.
 
         Returns:
             ``{"name", "version", "root_digest", "files": [names], "dir": str, "backend"}``.
@@ -242,8 +245,13 @@ class ReleaseEnclave:
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise ReleaseWriteError(f"{out} exists and is not an empty directory; choose a new output directory")
         try:
+            if provenance is not None:
+                provenance = {**provenance, "version": version,
+                              "release_enclave": {"backend": self.backend,
+                                                  "measurement": {str(k): v for k, v in self.measurement.items()}}}
             files = assemble_release({k: bytes(v) for k, v in payload.items()}, name, version, metadata,
-                                     self._key, lambda data: self.tee.quote(RELEASE_PURPOSE, data, [_PCR]))
+                                     self._key, lambda data: self.tee.quote(RELEASE_PURPOSE, data, [_PCR]),
+                                     provenance=provenance)
             verified = verify_release(files, self.trust_anchors())
         except VerificationError as exc:
             raise ReleaseWriteError(f"refusing to write a release that does not verify: {exc}") from exc

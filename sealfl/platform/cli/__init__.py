@@ -8,6 +8,7 @@
 ``device``         device: provision, boot, generate, serve, attest, doctor (:mod:`.device`)
 ``verify``         anyone: check a release without loading it (:mod:`.device`)
 ``attest`` ``kbs``  verifier and key broker (:mod:`.attest`)
+``audit``          anyone: rounds -> provenance -> release -> device quote (:mod:`.audit`)
 ``demo`` ...       the whole path end to end (:mod:`.demo`)
 =================  =====================================================================
 
@@ -44,6 +45,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "verify": ("sealfl.platform.cli.device", "verify_app",
                "Check a release (signature, attestation, every file hash) without loading it."),
     "attest": ("sealfl.platform.cli.attest", "app", "Verifier: write a policy, check a device's evidence."),
+    "audit": ("sealfl.platform.cli.audit", "audit_app",
+              "Anyone: check the chain from the campaign's rounds to a device's quote, link by link."),
     "kbs": ("sealfl.platform.cli.attest", "kbs_app", "Key broker: release model keys to attested devices."),
     "demo": ("sealfl.platform.cli.demo", "demo_app",
              "The whole path on the real four-hospital data, end to end."),

@@ -31,6 +31,7 @@ from sealfl.platform import supervisor
 from sealfl.platform.fedeval import federated_evaluate
 from sealfl.platform.llm.build import build_candidates, llm_release_files
 from sealfl.platform.llm.gate import THRESHOLDS, GateCounts
+from sealfl.platform.provenance import campaign_provenance
 from sealfl.platform.register import mark_issued, reserve, unreserve
 
 __all__ = ["release_llm", "global_arrays"]
@@ -101,10 +102,17 @@ def release_llm(cons, task, enclave, params, ckpt: dict, campaign_dir, out_dir, 
     extra = {"campaign": {"rounds": ckpt["round"], "context_id": cons.context_id, "partners": cons.partners},
              "perplexity": {**perplexity, "per_partner": per_partner}}
     payload, metadata = llm_release_files(build, bundle, task.spec, counts, extra, THRESHOLDS)
+    from sealfl.platform.release import campaign_server_opt
+
+    provenance = campaign_provenance(
+        cons, campaign_dir, ckpt, optimizer=campaign_server_opt(campaign_dir),
+        gate={v: metadata["variants"][v]["gate"] for v in build.variants},
+        export={"format": "onnx", "variants": sorted(build.variants)},
+        quantization={v: metadata["variants"][v].get("quantization", {}) for v in build.variants})
     supervisor.check()
     reserve(cons.dir, version, str(out_dir))
     try:
-        summary = enclave.write_release(out_dir, payload, name, version, metadata)
+        summary = enclave.write_release(out_dir, payload, name, version, metadata, provenance)
     except Exception:
         if not (Path(out_dir).is_dir() and any(Path(out_dir).iterdir())):
             unreserve(cons.dir, version)

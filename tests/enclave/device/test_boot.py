@@ -264,8 +264,13 @@ def test_kind_release_identity_is_the_signed_statement_not_the_envelope_bytes(tr
         assert outcome.kept_last_good and outcome.refused.file == "manifest.dsse.json"
         assert "high S" in str(outcome.refused)
     _rewrite_envelope(release_dir, tmp_path / "re-wrapped", extra_entry)
-    with boot(trust_dir, tmp_path / "re-wrapped", state) as dev:  # verifies: it is the same signed release
-        assert dev.release.statement_digest == read_device_state(state).last_good.statement_digest
+    # the envelope's own signature still holds, but model.sig signs every file byte for byte: a
+    # re-wrapped envelope is refused there, and the device keeps the release it runs
+    outcome = boot_or_last_good(trust_dir, tmp_path / "re-wrapped", state)
+    with outcome.device:
+        assert outcome.kept_last_good and outcome.refused.file == "model.sig"
+        assert outcome.refused.check == "model-signature" and "'manifest.dsse.json' has sha256" in str(outcome.refused)
+        assert outcome.device.release.statement_digest == read_device_state(state).last_good.statement_digest
     assert (state / "state.json").read_bytes() == before  # same release: nothing renamed, nothing rewritten
     assert sorted(p.name for p in (state / "slots").iterdir()) == slots
     assert (state / read_device_state(state).last_good.slot / "manifest.dsse.json").read_bytes() == \

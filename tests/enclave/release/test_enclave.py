@@ -41,7 +41,7 @@ def test_write_release_layout_and_self_verification(enclave, tmp_path):
     summary = enclave.write_release(out, default_payload(), "heart-mlp", 1, {"model_file": MODEL_FILE})
     assert summary["dir"] == str(out) and summary["backend"] == "sim"
     assert sorted(os.listdir(out)) == sorted(["attestation.json", "labels.json", "manifest.dsse.json",
-                                               "manifest.json", MODEL_FILE]) == summary["files"]
+                                               "manifest.json", "model.sig", MODEL_FILE]) == summary["files"]
     assert os.listdir(tmp_path / "releases") == ["v1"]  # no temp dir left behind
     verified = verify_release(read_release_dir(out), enclave.trust_anchors())
     assert verified.root_digest == summary["root_digest"]
