@@ -312,3 +312,82 @@ def verify(
     except (SealflError, OSError) as exc:
         fail(str(exc))
     console.print(f"[green]OK[/] {v.name} v{v.version} root digest {v.root_digest}")
+
+
+@app.command("update")
+def update(
+    trust: TrustDir,
+    state: StateDir,
+    repo: str = typer.Option(..., "--repo", help="TUF repository URL ('sealfl repo serve' prints it)."),
+    name: Optional[str] = typer.Option(None, "--name", help="Release name to follow (default: the running "
+                                       "release's)."),
+    timeout: float = typer.Option(10.0, "--timeout", min=0.1, max=600.0, help="Connect and between-bytes timeout, "
+                                  "seconds."),
+    deadline: float = typer.Option(300.0, "--deadline", min=0.1, max=86400.0, help="Longest one file's download "
+                                   "may take, seconds (a stalling mirror is given up on)."),
+    tee: Tee = None,
+    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
+) -> None:
+    """Fetch the newest release from a TUF repository (python-tuf's client: signatures,
+    versions, expiry, lengths and hashes), verify it, run its canary and switch slots as
+    'device boot' does. Exit 0 = the new release is installed or the device is up to date;
+    3 = refused (by the repository checks or on the device), the running release is kept;
+    2 = refused and nothing runs; 4 = the TEE state needs (re-)provisioning."""
+    import dataclasses
+    import json
+
+    from sealfl.enclave.device.policy import EXIT_KEPT_LAST_GOOD, EXIT_NOTHING_RUNS, exit_code_of
+    from sealfl.enclave.device.tuf_fetch import DEFAULT_LIMITS
+    from sealfl.enclave.device.update import update as run_update
+    from sealfl.enclave.errors import BootError, UpdateError
+
+    limits = dataclasses.replace(DEFAULT_LIMITS, socket_timeout_s=timeout, download_deadline_s=deadline)
+    try:
+        res = run_update(trust, repo, state, name=name, backend=_check_tee(tee), limits=limits,
+                         on_refused=lambda exc: _say(f"refused: {exc}"))
+    except UpdateError as exc:
+        from sealfl.enclave.device.boot import read_device_state
+
+        try:
+            runs = read_device_state(state).last_good is not None
+        except BootError:
+            runs = False
+        fail(f"update refused ({exc.stage}): {exc}", EXIT_KEPT_LAST_GOOD if runs else EXIT_NOTHING_RUNS)
+    except BootError as exc:
+        fail(f"nothing runs: {exc}" if exit_code_of(exc) == 2 else str(exc), exit_code_of(exc))
+    except (SealflError, OSError) as exc:
+        fail(str(exc))
+    if as_json:
+        sys.stdout.write(json.dumps({"action": res.action, "name": res.name, "version": res.version,
+                                     "root_digest": res.root_digest}) + "\n")
+    elif res.action == "current":
+        console.print(f"up to date: {res.name} v{res.version} ({res.root_digest})")
+    elif res.action == "installed":
+        console.print(f"installed {res.name} v{res.version} ({res.root_digest}) from {repo}")
+    else:
+        _say(f"kept the last good release v{res.outcome.device.release.version}")
+    raise typer.Exit(res.exit_code)
+
+
+@app.command("status")
+def status(
+    state: StateDir,
+    as_json: bool = typer.Option(False, "--json", help="Print the status as one JSON object."),
+) -> None:
+    """Show the running release (name, version, root digest, where it came from), the TEE
+    backend, the rollback floor, the last update check and its result. Reads only."""
+    import json
+
+    from sealfl.enclave.device.status import device_status, format_status
+
+    if not state.is_dir():
+        fail(f"no device state directory {state}")
+    try:
+        s = device_status(state)
+    except (SealflError, OSError) as exc:
+        fail(str(exc))
+    if as_json:
+        sys.stdout.write(json.dumps(s, indent=1, sort_keys=True) + "\n")
+    else:
+        for line in format_status(s):
+            console.print(line, markup=False, highlight=False)

@@ -1,0 +1,96 @@
+"""``device update`` from a real repository served over loopback HTTP, and ``device status``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sealfl.enclave.device.boot import boot_last_good, read_device_state
+from sealfl.enclave.device.status import device_status
+from sealfl.enclave.device.update import update
+from sealfl.enclave.errors import UpdateError
+from sealfl.platform.repo.server import RepoServer
+from tests.support.releases import WEIGHTS, direct_outputs, make_onnx_model, sample_inputs
+from tests.support.tufrepo import NAME, make_repo, new_release, provision_trust, publish_verified
+
+
+@pytest.fixture
+def served(tmp_path, enclave, trust_dir):
+    repo = make_repo(tmp_path)
+    provision_trust(trust_dir, repo)
+    with RepoServer(repo.www) as server:
+        yield repo, server
+
+
+def test_update_installs_newest_then_is_up_to_date_then_follows_a_new_release(tmp_path, enclave, trust_dir, served):
+    repo, server = served
+    state = tmp_path / "device"
+    publish_verified(repo, trust_dir, new_release(enclave, tmp_path / "r3", 3))
+    publish_verified(repo, trust_dir, new_release(enclave, tmp_path / "r4", 4, weight=0.75))
+    res = update(trust_dir, server.url, state, name=NAME, backend="sim")
+    assert (res.action, res.version, res.exit_code) == ("installed", 4, 0)
+    lg = read_device_state(state).last_good
+    assert (lg.name, lg.version) == (NAME, 4)
+    # the staging directory is gone; what runs is the device's slot copy, and it is v4's model
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".device.update-")]
+    w = WEIGHTS.copy()
+    w[0, 0] = 0.75
+    x = sample_inputs(4)
+    with boot_last_good(trust_dir, state) as dev:
+        np.testing.assert_array_equal(dev.predict(x), direct_outputs(make_onnx_model(w), x))
+    assert update(trust_dir, server.url, state).action == "current"
+    publish_verified(repo, trust_dir, new_release(enclave, tmp_path / "r5", 5, weight=1.5))
+    res = update(trust_dir, server.url, state)
+    assert (res.action, res.version) == ("installed", 5)
+    s = device_status(state)
+    assert s["release"]["version"] == 5 and s["release"]["root_digest"] == res.root_digest
+    assert s["release"]["source"] == {"kind": "repository", "repo": server.url, "at": s["release"]["source"]["at"]}
+    assert s["tee_backend"] == "sim" and s["insecure"] is True and s["rollback_floor"] == 5
+    assert s["last_update"]["result"] == "installed"
+
+
+def test_update_without_a_tuf_root_is_refused_naming_the_file(tmp_path, enclave, trust_dir):
+    repo = make_repo(tmp_path)
+    with RepoServer(repo.www) as server, pytest.raises(UpdateError, match="tuf-root.json missing") as e:
+        update(trust_dir, server.url, tmp_path / "device", name=NAME, backend="sim")
+    assert e.value.stage == "trust"
+    assert device_status(tmp_path / "device")["last_update"]["result"] == "refused"
+
+
+def test_update_of_an_unknown_name_is_refused(tmp_path, enclave, trust_dir, served):
+    repo, server = served
+    publish_verified(repo, trust_dir, new_release(enclave, tmp_path / "r3", 3))
+    with pytest.raises(UpdateError, match="no release named other"):
+        update(trust_dir, server.url, tmp_path / "device", name="other", backend="sim")
+
+
+@pytest.mark.slow
+def test_cli_update_and_status(tmp_path, enclave, trust_dir, served):
+    repo, server = served
+    publish_verified(repo, trust_dir, new_release(enclave, tmp_path / "r3", 3))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    cli = [sys.executable, "-m", "sealfl.platform.cli", "device"]
+    state = tmp_path / "device"
+    r = subprocess.run([*cli, "update", "--trust", str(trust_dir), "--state", str(state), "--repo", server.url,
+                        "--name", NAME, "--tee", "sim", "--json"], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["action"] == "installed"
+    r = subprocess.run([*cli, "status", "--state", str(state), "--json"], capture_output=True, text=True, env=env,
+                       timeout=120)
+    s = json.loads(r.stdout)
+    assert (s["release"]["name"], s["release"]["version"], s["release"]["source"]["kind"]) == (NAME, 3, "repository")
+    r = subprocess.run([*cli, "status", "--state", str(state)], capture_output=True, text=True, env=env, timeout=120)
+    assert f"release: {NAME} v3" in r.stdout and "rollback floor: v3" in r.stdout and "TEE backend: sim" in r.stdout
+    # an unreachable repository: refused, exit 3, v3 still recorded
+    (trust_dir / "tuf-root.json").unlink()  # the device keeps its own root from now on
+    r = subprocess.run([*cli, "update", "--trust", str(trust_dir), "--state", str(state), "--repo",
+                        "http://127.0.0.1:1"], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 3 and "update refused (download)" in r.stderr, r.stderr
+    assert read_device_state(state).last_good.version == 3
