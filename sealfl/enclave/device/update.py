@@ -149,8 +149,8 @@ def _bootstrap(trust_dir: Path, metadata_dir: Path) -> bytes | None:
     return data
 
 
-def _tuf_error(exc: Exception, what: str) -> UpdateError:
-    stage = "download" if isinstance(exc, tuf_exc.DownloadError) else "metadata"
+def _tuf_error(exc: Exception, what: str, stage: str | None = None) -> UpdateError:
+    stage = stage or ("download" if isinstance(exc, tuf_exc.DownloadError) else "metadata")
     return UpdateError(f"the repository was refused while {what}: {type(exc).__name__}: {str(exc)[:600]}; the "
                        "running release is kept", stage=stage)
 
@@ -172,7 +172,7 @@ def _download(updater, target: str, dest: Path, limits: UpdateLimits, budget: li
     try:
         updater.download_target(info, str(dest))
     except (tuf_exc.RepositoryError, tuf_exc.DownloadError) as exc:
-        raise _tuf_error(exc, f"downloading {target}") from exc
+        raise _tuf_error(exc, f"downloading {target}", "download") from exc
     with open(dest, "rb") as fh:
         return fh.read(info.length + 1)
 
