@@ -391,3 +391,67 @@ def status(
     else:
         for line in format_status(s):
             console.print(line, markup=False, highlight=False)
+
+
+tuf_client_app = typer.Typer(name="tuf-client", no_args_is_help=True, add_completion=False, help=(
+    "The device's TUF client behind the tuf-conformance CLI (init / refresh / download; exit 0 or 1)."))
+app.add_typer(tuf_client_app)
+
+
+@tuf_client_app.callback()
+def tuf_client(
+    ctx: typer.Context,
+    metadata_dir: Path = typer.Option(..., "--metadata-dir", help="The client's trusted metadata directory."),
+    metadata_url: Optional[str] = typer.Option(None, "--metadata-url", help="The repository's metadata URL."),
+    target_name: Optional[list[str]] = typer.Option(None, "--target-name", help="Target path (repeat: in order)."),
+    target_base_url: Optional[str] = typer.Option(None, "--target-base-url", help="The repository's targets URL."),
+    target_dir: Optional[Path] = typer.Option(None, "--target-dir", help="Where downloaded targets are stored."),
+    verbose: int = typer.Option(0, "--verbose", "-v", count=True, help="More logging."),
+) -> None:
+    """The tuf-conformance client CLI (its CLIENT-CLI.md) over the updater 'device update' runs."""
+    import logging
+
+    if verbose:
+        logging.getLogger().setLevel(logging.INFO if verbose == 1 else logging.DEBUG)
+    ctx.obj = {"metadata_dir": metadata_dir, "metadata_url": metadata_url, "targets": target_name or [],
+               "target_base_url": target_base_url, "target_dir": target_dir}
+
+
+def _tuf_client_run(what: str, fn) -> None:
+    try:
+        fn()
+    except typer.Exit:
+        raise
+    except Exception as exc:  # the protocol: any failure is exit 1 with a message
+        fail(f"tuf-client {what}: {type(exc).__name__}: {exc}")
+
+
+@tuf_client_app.command("init")
+def tuf_client_init(ctx: typer.Context, trusted_root: Path = typer.Argument(..., help="Initial root.json.")) -> None:
+    """Install TRUSTED_ROOT as the trusted root (no network)."""
+    from sealfl.enclave.device import tuf_client as tc
+
+    _tuf_client_run("init", lambda: tc.init(ctx.obj["metadata_dir"], trusted_root))
+
+
+@tuf_client_app.command("refresh")
+def tuf_client_refresh(ctx: typer.Context) -> None:
+    """Refresh the top-level metadata (the TUF client workflow)."""
+    from sealfl.enclave.device import tuf_client as tc
+
+    o = ctx.obj
+    if not o["metadata_url"]:
+        fail("tuf-client refresh needs --metadata-url")
+    _tuf_client_run("refresh", lambda: tc.refresh(o["metadata_dir"], o["metadata_url"]))
+
+
+@tuf_client_app.command("download")
+def tuf_client_download(ctx: typer.Context) -> None:
+    """Download every --target-name in order (after a refresh); stop at the first failure."""
+    from sealfl.enclave.device import tuf_client as tc
+
+    o = ctx.obj
+    if not (o["metadata_url"] and o["targets"] and o["target_base_url"] and o["target_dir"]):
+        fail("tuf-client download needs --metadata-url, --target-name, --target-base-url and --target-dir")
+    _tuf_client_run("download", lambda: tc.download(o["metadata_dir"], o["metadata_url"], o["targets"],
+                                                    o["target_base_url"], o["target_dir"]))

@@ -94,3 +94,12 @@ def test_cli_update_and_status(tmp_path, enclave, trust_dir, served):
                         "http://127.0.0.1:1"], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 3 and "update refused (download)" in r.stderr, r.stderr
     assert read_device_state(state).last_good.version == 3
+
+
+def test_tuf_client_refuses_target_paths_that_leave_the_target_dir(tmp_path):
+    from sealfl.enclave.device.tuf_client import _local_path
+
+    assert _local_path(tmp_path, "a/b.txt") == tmp_path / "a" / "b.txt"
+    for bad in ("../x", "a/../../x", "/etc/passwd", "a//b", ""):
+        with pytest.raises(UpdateError, match="would leave the target directory"):
+            _local_path(tmp_path, bad)
