@@ -87,7 +87,8 @@ class UpdateResult:
             ``"kept"`` (the new release was refused on the device; the last good one runs).
         name, version, root_digest: the release the repository offered.
         outcome: the :class:`~sealfl.enclave.device.policy.BootOutcome` for ``installed``
-            and ``kept`` (its device is already closed), else None.
+            and ``kept`` (its device is closed, except an installed one with ``keep_device``), else
+            None.
     """
 
     action: str
@@ -179,7 +180,8 @@ def _download(updater, target: str, dest: Path, limits: UpdateLimits, budget: li
 
 def update(trust_dir: str | os.PathLike, repo_url: str, state_dir: str | os.PathLike, *,
            name: str | None = None, backend: str | None = None, limits: UpdateLimits = DEFAULT_LIMITS,
-           runtime_options=None, on_refused=None) -> UpdateResult:
+           runtime_options=None, on_refused=None, key_source=None, variant: str | None = None,
+           require_llm: bool = False, keep_device: bool = False) -> UpdateResult:
     """Update the device from the repository at ``repo_url`` (module docstring).
 
     Args:
@@ -189,8 +191,11 @@ def update(trust_dir: str | os.PathLike, repo_url: str, state_dir: str | os.Path
         name: the release name to follow (default: the running release's name).
         backend: TEE backend as for ``device boot`` (``--tee``).
         limits: :class:`~sealfl.enclave.device.tuf_fetch.UpdateLimits`.
-        runtime_options, on_refused: passed to
+        runtime_options, on_refused, key_source, variant, require_llm: passed to
             :func:`~sealfl.enclave.device.policy.boot_or_last_good`.
+        keep_device: leave the newly installed release running (``result.outcome.device``,
+            the caller closes it; ``device serve --repo`` switches to it); otherwise, and
+            always when the last good release was kept, the booted device is closed.
 
     Raises:
         UpdateError: the repository, a download, the index or the release was refused
@@ -204,8 +209,10 @@ def update(trust_dir: str | os.PathLike, repo_url: str, state_dir: str | os.Path
     with open(state_root / ".update-lock", "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            result = _update_locked(Path(trust_dir), repo_url, state_root, name, backend, limits, runtime_options,
-                                    on_refused)
+            result = _update_locked(Path(trust_dir), repo_url, state_root, name, limits,
+                                    {"backend": backend, "runtime_options": runtime_options, "on_refused": on_refused,
+                                     "key_source": key_source, "variant": variant, "require_llm": require_llm},
+                                    keep_device)
         except UpdateError as exc:
             _record(state_root, repo_url, "refused", str(exc), None)
             raise
@@ -219,8 +226,8 @@ def update(trust_dir: str | os.PathLike, repo_url: str, state_dir: str | os.Path
     return result
 
 
-def _update_locked(trust_dir: Path, repo_url: str, state_root: Path, name: str | None, backend: str | None,
-                   limits: UpdateLimits, runtime_options, on_refused) -> UpdateResult:
+def _update_locked(trust_dir: Path, repo_url: str, state_root: Path, name: str | None, limits: UpdateLimits,
+                   boot_options: dict, keep_device: bool) -> UpdateResult:
     state = read_device_state(state_root)
     running = state.last_good
     follow = name or (running.name if running is not None else None)
@@ -267,9 +274,9 @@ def _update_locked(trust_dir: Path, repo_url: str, state_root: Path, name: str |
             raise UpdateError(f"cannot load trust anchors: {exc}", stage="trust") from exc
         except (VerificationError, RepoIndexError) as exc:
             raise UpdateError(f"the downloaded {rel.name} v{rel.version} was refused: {exc}", stage="release") from exc
-        outcome = boot_or_last_good(trust_dir, release_dir, state_root, backend=backend,
-                                    runtime_options=runtime_options, on_refused=on_refused)
-        outcome.device.close()
+        outcome = boot_or_last_good(trust_dir, release_dir, state_root, **boot_options)
+        if outcome.kept_last_good or not keep_device:
+            outcome.device.close()
         action = "kept" if outcome.kept_last_good else "installed"
         log.info("update: %s %s v%d", action, rel.name, rel.version)
         return UpdateResult(action, rel.name, rel.version, rel.root_digest, outcome)

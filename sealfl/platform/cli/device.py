@@ -178,13 +178,20 @@ def serve(
     variant: Variant = None,
     tee: Tee = None,
     key_broker: KeyBroker = None,
+    repo: Optional[str] = typer.Option(None, "--repo", help="TUF repository URL to poll for newer releases "
+                                       "(as 'device update'); a newer verified release is switched to while "
+                                       "serving."),
+    poll: float = typer.Option(300.0, "--poll", min=0.2, max=86400.0, help="Seconds between update checks of "
+                               "--repo."),
 ) -> None:
     """Verify and boot a causal-LM release as 'device boot' does, then serve it over an
     OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models) with
     /health and /metrics. Runs until SIGINT/SIGTERM (exit 130/143). A refused release
     falls back to the last good one; with none (or a release that is not a language
     model), exit 2 (/health never answered 200); exit 4 when the TEE state needs
-    (re-)provisioning."""
+    (re-)provisioning. With --repo, the TUF repository is checked every --poll seconds as
+    'device update' does, and a newer verified release is switched to while serving
+    (requests in flight finish on the old model)."""
     import dataclasses
 
     from sealfl.enclave.device.kbs_client import broker_key_source
@@ -198,7 +205,7 @@ def serve(
                         queue_size=queue, queue_timeout_s=queue_timeout,
                         limits=dataclasses.replace(DEFAULT_LIMITS, max_body_bytes=max_body_bytes,
                                                    default_max_tokens=default_max_tokens),
-                        key_source=broker_key_source(key_broker) if key_broker else None)
+                        key_source=broker_key_source(key_broker) if key_broker else None, repo=repo, poll_s=poll)
     try:
         run_server(trust, release_dir, state, opts, say=_say)
     except Interrupted as exc:
