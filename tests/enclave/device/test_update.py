@@ -15,6 +15,7 @@ from sealfl.enclave.device.boot import boot_last_good, read_device_state
 from sealfl.enclave.device.status import device_status
 from sealfl.enclave.device.update import update
 from sealfl.enclave.errors import UpdateError
+from sealfl.platform.repo.keys import RepoError
 from sealfl.platform.repo.server import RepoServer
 from tests.support.releases import WEIGHTS, direct_outputs, make_onnx_model, sample_inputs
 from tests.support.tufrepo import NAME, make_repo, new_release, provision_trust, publish_verified
@@ -103,3 +104,19 @@ def test_tuf_client_refuses_target_paths_that_leave_the_target_dir(tmp_path):
     for bad in ("../x", "a/../../x", "/etc/passwd", "a//b", ""):
         with pytest.raises(UpdateError, match="would leave the target directory"):
             _local_path(tmp_path, bad)
+
+
+def test_device_follows_root_and_targets_key_rotations(tmp_path, enclave, trust_dir, served):
+    repo, server = served
+    state = tmp_path / "device"
+    publish_verified(repo, trust_dir, new_release(enclave, tmp_path / "r3", 3))
+    assert update(trust_dir, server.url, state, name=NAME, backend="sim").action == "installed"
+    assert repo.rotate("root", tmp_path / "offline", tmp_path / "offline-2") == 2
+    assert repo.rotate("targets", tmp_path / "offline-2") == 3  # signed by the new root keys only
+    publish_verified(repo, trust_dir, new_release(enclave, tmp_path / "r4", 4, weight=1.0))
+    assert update(trust_dir, server.url, state).version == 4
+    # the device now trusts root v3 (kept in its own metadata), not the provisioned v1
+    assert json.loads((state / "tuf" / "root.json").read_bytes())["signed"]["version"] == 3
+    # the old root keys can no longer sign for it
+    with pytest.raises(RepoError, match="root threshold"):
+        repo.rotate("snapshot", tmp_path / "offline")
