@@ -4,7 +4,6 @@ enclave, served over loopback HTTP by the real :class:`RepoServer` (or a hostile
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -17,7 +16,7 @@ from sealfl.enclave.release.enclave import ReleaseEnclave
 from sealfl.platform.repo.repository import Repository
 from tests.support.releases import MODEL_FILE, default_payload, make_onnx_model
 
-__all__ = ["NAME", "make_repo", "publish_verified", "publish_raw", "new_release", "provision_trust", "StallingServer", "copy_www"]
+__all__ = ["NAME", "make_repo", "publish_verified", "publish_raw", "new_release", "provision_trust", "StallingServer"]
 
 NAME = "heart-mlp"
 
@@ -56,12 +55,6 @@ def provision_trust(trust_dir: Path, repo: Repository) -> Path:
     """Copy the repository's version-1 root into ``trust_dir`` as the device's TUF trust root."""
     (trust_dir / TUF_ROOT_FILE).write_bytes(repo.root_bytes(1))
     return trust_dir
-
-
-def copy_www(repo: Repository, dest: Path) -> Path:
-    """A copy of the served tree (a mirror the test can then tamper with)."""
-    shutil.copytree(repo.www, dest)
-    return dest
 
 
 class StallingServer:
