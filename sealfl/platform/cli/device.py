@@ -359,6 +359,8 @@ def update(
             runs = read_device_state(state).last_good is not None
         except BootError:
             runs = False
+        if as_json:
+            sys.stdout.write(json.dumps({"action": "refused", "stage": exc.stage, "message": str(exc)}) + "\n")
         fail(f"update refused ({exc.stage}): {exc}", EXIT_KEPT_LAST_GOOD if runs else EXIT_NOTHING_RUNS)
     except BootError as exc:
         fail(f"nothing runs: {exc}" if exit_code_of(exc) == 2 else str(exc), exit_code_of(exc))

@@ -92,8 +92,9 @@ def test_cli_update_and_status(tmp_path, enclave, trust_dir, served):
     # an unreachable repository: refused, exit 3, v3 still recorded
     (trust_dir / "tuf-root.json").unlink()  # the device keeps its own root from now on
     r = subprocess.run([*cli, "update", "--trust", str(trust_dir), "--state", str(state), "--repo",
-                        "http://127.0.0.1:1"], capture_output=True, text=True, env=env, timeout=120)
+                        "http://127.0.0.1:1", "--json"], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 3 and "update refused (download)" in r.stderr, r.stderr
+    assert json.loads(r.stdout)["action"] == "refused" and json.loads(r.stdout)["stage"] == "download"
     assert read_device_state(state).last_good.version == 3
 
 
