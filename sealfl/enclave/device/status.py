@@ -80,7 +80,8 @@ def format_status(s: dict) -> list[str]:
         lines.append("release: none (the device has not booted a release)")
     else:
         src = r["source"]
-        where = f"repository {src['repo']} at {src['at']}" if src["kind"] == "repository" else f"directory {src['path']}"
+        where = (f"repository {src['repo']} at {src['at']}" if src["kind"] == "repository"
+                 else f"directory {src['path']}")
         lines += [f"release: {r['name']} v{r['version']}", f"root digest: {r['root_digest']}",
                   f"model file: {r['model_file']} (slot {r['slot']})", f"source: {where}"]
     tee = s["tee_backend"] or "none (not provisioned)"

@@ -258,7 +258,11 @@ def _update_locked(trust_dir: Path, repo_url: str, state_root: Path, name: str |
             return UpdateResult("current", rel.name, rel.version, rel.root_digest)
         (staging / ".index.json").unlink()
         release_dir = staging / "release"
-        release_dir.mkdir(mode=0o700)
+        try:
+            release_dir.mkdir(mode=0o700)  # never through a name someone planted in the staging directory
+        except FileExistsError:
+            raise UpdateError(f"the staging directory {staging} was tampered with ({release_dir.name} exists); "
+                              "nothing was downloaded", stage="download") from None
         budget = [limits.max_release_bytes]
         for file in rel.files:
             def claim(info, file=file):

@@ -122,7 +122,8 @@ class Repository:
             days[role] = d
         if repo.dir.exists() and any(repo.dir.iterdir()):
             raise RepoError(f"{repo.dir} is not empty; give a new directory for the repository")
-        if Path(offline_dir).resolve() == repo.dir.resolve() or repo.dir.resolve() in Path(offline_dir).resolve().parents:
+        offline = Path(offline_dir).resolve()
+        if offline == repo.dir.resolve() or repo.dir.resolve() in offline.parents:
             raise RepoError("the offline keys directory must lie outside the repository (the repository is served "
                             "and copied; root keys stay offline)")
         root_signers = [new_signer() for _ in range(ROOT_KEYS)]

@@ -10,6 +10,7 @@ and comparing its answers with an independent onnxruntime run of v3's model."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -184,7 +185,8 @@ def test_rollback_older_snapshot_or_targets(ctx, role):
     (www / "metadata" / f"{current}.{role}.json").write_bytes(older)
     with RepoServer(www) as mirror:
         # the timestamp pins the snapshot's length and hash; the snapshot pins the targets version
-        refused(ctx, ("metadata", "download"), "BadVersionNumberError|LengthOrHashMismatchError", mirror.url)
+        refused(ctx, ("metadata", "download"),
+                "BadVersionNumberError|LengthOrHashMismatchError|DownloadLengthMismatchError", mirror.url)
 
 
 def test_rollback_older_release_version(tmp_path, enclave, trust_dir):
@@ -354,14 +356,29 @@ def test_symlink_or_path_in_a_release_file_name(ctx):
 
 
 def test_symlink_planted_in_the_staging_area_is_not_followed(ctx, monkeypatch):
-    """Downloads go into a fresh private directory (mkdtemp, 0700): a symlink an attacker
-    plants beside the state under a predictable name is never written through."""
+    """Downloads go into a fresh private directory (mkdtemp, 0700). Should a local attacker
+    still plant a symlink there (here: the staging name made predictable and ``release``
+    pointing at a directory of theirs), the update stops and writes nothing through it."""
+    import tempfile as _tempfile
+
+    from sealfl.enclave.device import update as update_module
+
     victim = ctx.tmp / "victim"
-    victim.write_bytes(b"keep me")
-    (ctx.tmp / ".device.update-release").symlink_to(victim)
+    victim.mkdir()
+    real_mkdtemp = _tempfile.mkdtemp
+
+    def planted(**kw):
+        d = real_mkdtemp(**kw)
+        os.symlink(victim, os.path.join(d, "release"))
+        return d
+
     publish_verified(ctx.repo, ctx.trust, ctx.release(4))
-    assert ctx.update().action == "installed"
-    assert victim.read_bytes() == b"keep me"
+    with monkeypatch.context() as m:
+        m.setattr(update_module.tempfile, "mkdtemp", planted)
+        with pytest.raises(UpdateError, match="tampered with"):
+            ctx.update()
+    keeps_v3(ctx)
+    assert list(victim.iterdir()) == []
 
 
 # ---- truncated download, stalling mirror ------------------------------------------------
