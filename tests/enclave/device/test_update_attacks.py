@@ -403,5 +403,5 @@ def test_slow_loris_mirror_is_given_up_within_its_deadline(ctx):
         finally:
             took = time.monotonic() - t0
     # one stalled file: at most the deadline plus one gap timeout (and a little scheduling)
-    assert e.value.stage == "download" and took < 2.0 + 1.0 + 1.5, took
+    assert e.value.stage == "download" and took < 2.0 + 1.0 + 3.0, took
     keeps_v3(ctx)
