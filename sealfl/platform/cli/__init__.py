@@ -4,6 +4,7 @@
 ``consortium``     coordinator: create a consortium (:mod:`.consortium`)
 ``campaign``       coordinator: run and watch encrypted campaigns (:mod:`.campaign`)
 ``release``        coordinator: build, gate, sign and attest a release (:mod:`.release`)
+``repo``           coordinator: the TUF repository devices update from (:mod:`.repo`)
 ``partner``        partner: check a startup kit and the local data (:mod:`.partner`)
 ``device``         device: provision, boot, generate, serve, attest, doctor (:mod:`.device`)
 ``verify``         anyone: check a release without loading it (:mod:`.device`)
@@ -38,6 +39,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "campaign": ("sealfl.platform.cli.campaign", "app",
                  "Coordinator: run encrypted campaigns on Ray (FedAvg, or FedAvgM / FedAdam at the key holders)."),
     "release": ("sealfl.platform.cli.release", "app", "Coordinator: build, gate, sign and attest a release."),
+    "repo": ("sealfl.platform.cli.repo", "app",
+             "Coordinator: the TUF repository devices update from (init, publish, serve, rotate)."),
     "partner": ("sealfl.platform.cli.partner", "app",
                 "Partner: check a startup kit and the local data before joining a campaign."),
     "device": ("sealfl.platform.cli.device", "app",
@@ -56,7 +59,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 
 
 #: the entries of :data:`COMMANDS` that are command groups (``sealfl device boot``)
-GROUPS = frozenset({"consortium", "campaign", "release", "partner", "device", "attest", "kbs"})
+GROUPS = frozenset({"consortium", "campaign", "release", "repo", "partner", "device", "attest", "kbs"})
 
 
 class _LazyGroup(TyperGroup):

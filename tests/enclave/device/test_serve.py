@@ -268,7 +268,7 @@ def test_kind_metrics_parse_with_the_expected_families_and_prometheus_names(serv
             if f.type == "counter":
                 assert s.name.endswith("_total"), s.name
             assert set(s.labels) <= {"le", "endpoint", "finish_reason", "reason", "name", "version", "variant",
-                                     "root_digest", "status"}, s
+                                     "root_digest", "status", "result"}, s
     assert fams["sealfl_llm_time_to_first_token_seconds"].samples[-1].value >= 0
     assert server.metric("sealfl_llm_time_to_first_token_seconds_count") >= 1
     assert server.metric("sealfl_llm_generation_tokens_total") >= 1

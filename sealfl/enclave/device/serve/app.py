@@ -287,10 +287,11 @@ def create_app(state: ServeState, limits: APILimits = DEFAULT_LIMITS):
         watcher = asyncio.ensure_future(_watch_disconnect(request, job))
         rid = ("chatcmpl-" if endpoint == "chat" else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
+        fingerprint = fingerprint_of(slot.release or state.release)
         if req.stream:
-            return StreamingResponse(_stream(job, future, watcher, req, rid, created, state.model_id),
+            return StreamingResponse(_stream(job, future, watcher, req, rid, created, state.model_id, fingerprint),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        return await _plain(job, future, watcher, req, rid, created, state.model_id)
+        return await _plain(job, future, watcher, req, rid, created, state.model_id, fingerprint)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -343,7 +344,15 @@ async def _watch_disconnect(request, job: _Job) -> None:
             return
 
 
-async def _plain(job: _Job, future, watcher, req: GenerationRequest, rid: str, created: int, model: str):
+def fingerprint_of(release) -> str:
+    """``system_fingerprint`` of an answer: the release whose model generated it,
+    ``v<version>-<root digest, 16 hex>`` (a switch while serving changes it only for
+    requests that start after the switch)."""
+    return f"v{release.version}-{release.root_digest[:16]}" if release is not None else ""
+
+
+async def _plain(job: _Job, future, watcher, req: GenerationRequest, rid: str, created: int, model: str,
+                 fingerprint: str = ""):
     try:
         res = await future
     except Exception as exc:  # noqa: BLE001 -- the worker's failure becomes a 500 body
@@ -353,17 +362,20 @@ async def _plain(job: _Job, future, watcher, req: GenerationRequest, rid: str, c
         watcher.cancel()
     if req.kind == "chat":
         body = {"id": rid, "object": "chat.completion", "created": created, "model": model,
+                "system_fingerprint": fingerprint,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": res.text},
                              "finish_reason": res.finish_reason, "logprobs": None}],
                 "usage": _usage(res)}
     else:
         body = {"id": rid, "object": "text_completion", "created": created, "model": model,
+                "system_fingerprint": fingerprint,
                 "choices": [{"index": 0, "text": res.text, "finish_reason": res.finish_reason, "logprobs": None}],
                 "usage": _usage(res)}
     return JSONResponse(body)
 
 
-async def _stream(job: _Job, future, watcher, req: GenerationRequest, rid: str, created: int, model: str):
+async def _stream(job: _Job, future, watcher, req: GenerationRequest, rid: str, created: int, model: str,
+                  fingerprint: str = ""):
     """Server-sent events of one generation; leaving early (client gone) cancels it."""
     chat = req.kind == "chat"
     obj = "chat.completion.chunk" if chat else "text_completion"
@@ -374,7 +386,8 @@ async def _stream(job: _Job, future, watcher, req: GenerationRequest, rid: str, 
             choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
         else:
             choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
-        return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
+        return {"id": rid, "object": obj, "created": created, "model": model, "system_fingerprint": fingerprint,
+                "choices": [choice]}
 
     try:
         if chat:

@@ -21,6 +21,8 @@ Families (one :class:`ServeMetrics` per server, in its own registry):
 ``sealfl_llm_kv_cache_usage_ratio``                  gauge      tokens held in KV caches / (slots x context)
 ``sealfl_llm_model_verification_failures_total``     counter    releases refused at boot
 ``sealfl_llm_worker_restarts_total``                 counter    sandboxed children restarted after a crash
+``sealfl_llm_release_switches_total``                counter    switches to a newer release while serving
+``sealfl_llm_update_checks_total{result}``           counter    ``--repo`` polls: installed, current, refused
 ``sealfl_llm_model_loaded``                          gauge      1 once a verified model serves
 ``sealfl_llm_release_info{name,version,variant,root_digest}``  gauge  1 for the served release
 ``sealfl_llm_worker_resident_memory_bytes``          gauge      RSS of the sandboxed children (sum)
@@ -46,11 +48,13 @@ from prometheus_client import (
     generate_latest,
 )
 
-__all__ = ["ServeMetrics", "REJECT_REASONS", "FINISH_REASONS", "ENDPOINTS", "CONTENT_TYPE", "rss_bytes"]
+__all__ = ["ServeMetrics", "REJECT_REASONS", "FINISH_REASONS", "ENDPOINTS", "UPDATE_RESULTS", "CONTENT_TYPE", "rss_bytes"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 REJECT_REASONS = ("busy", "queue_timeout", "invalid", "not_ready", "unknown_model", "context")
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
+#: results of an update check (``device serve --repo``)
+UPDATE_RESULTS = ("installed", "current", "kept", "refused")
 ENDPOINTS = ("chat", "completion")
 
 # Latency buckets, seconds: first tokens of 10 ms .. 10 s; token gaps of 1 ms .. 1 s.
@@ -107,6 +111,12 @@ class ServeMetrics:
                                              "(verification, canary, runtime).", registry=r)
         self.worker_restarts = Counter("sealfl_llm_worker_restarts", "Sandboxed model children restarted after they "
                                        "died.", registry=r)
+        self.release_switches = Counter("sealfl_llm_release_switches", "Switches to a newer verified release while "
+                                        "serving (--repo --poll).", registry=r)
+        self.update_checks = Counter("sealfl_llm_update_checks", "Update checks of --repo, by result.", ["result"],
+                                     registry=r)
+        for result in UPDATE_RESULTS:
+            self.update_checks.labels(result)
         self.loaded = Gauge("sealfl_llm_model_loaded", "1 once a verified model is loaded and serving.", registry=r)
         self.release_info = Gauge("sealfl_llm_release_info", "The served release (value 1).",
                                   ["name", "version", "variant", "root_digest"], registry=r)

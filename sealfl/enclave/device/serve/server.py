@@ -15,7 +15,14 @@ Threads and order (:func:`run_server`):
    answering 200), then starts one more runtime per extra slot from the same verified
    bytes (each accepted by its health check and the signed canary). Only the files the
    chosen variant needs stay in memory (the other variant's bytes are dropped);
-3. the main thread then waits for slot restarts (a child that died) and signals.
+3. the main thread then waits for slot restarts (a child that died) and signals; with
+   ``--repo URL --poll S`` it also checks the TUF repository every ``S`` seconds
+   (:func:`sealfl.enclave.device.update.update`: the same refresh, download, verification,
+   canary and slot switch as ``device update``) and, when a newer release was installed,
+   starts and warms its slots and switches to them while serving
+   (:meth:`~sealfl.enclave.device.serve.state.ServeState.swap`: requests in flight finish on
+   the old model, new ones get the new one). A refused or failed check changes nothing
+   (counted in ``sealfl_llm_update_checks_total{result}``; ``update.json`` says why).
 
 Stopping: SIGINT/SIGTERM raise :class:`~sealfl.common.errors.Interrupted` in the main
 thread wherever it is (boot included); every slot's child is closed, and the children
@@ -29,6 +36,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import queue
 import signal
 import socket
 import sys
@@ -75,6 +83,8 @@ class ServeOptions:
         backend: the TEE backend asked for (``--tee``), or None for the provisioned one.
         queue_size: requests that may wait for a free slot (0: none; 429 at once).
         queue_timeout_s: longest wait in that queue, seconds (then 429).
+        repo: TUF repository URL to poll for newer releases (None: no polling).
+        poll_s: seconds between two update checks of ``repo``.
     """
 
     host: str = "127.0.0.1"
@@ -89,6 +99,8 @@ class ServeOptions:
     backend: str | None = None
     queue_size: int = 0
     queue_timeout_s: float = 30.0
+    repo: str | None = None
+    poll_s: float = 300.0
 
 
 class _Stop(BaseException):
@@ -241,8 +253,15 @@ def run_server(trust: Path, release_dir: Path, state_dir: Path, opts: ServeOptio
             say(f"serving {release.name} v{release.version} ({spec.variant}, root digest {release.root_digest}) "
                 f"with {opts.max_concurrent} slot(s) on http://{opts.host}:{port}/v1")
             while True:
-                slot = state.restarts.get()
-                _restart(state, slot, release, spec, runtime_options)
+                try:
+                    slot = state.restarts.get(timeout=opts.poll_s if opts.repo else None)
+                except queue.Empty:
+                    polled = _poll(trust, state_dir, opts, state, runtime_options, say)
+                    if polled is not None:
+                        release, spec = polled
+                    continue
+                if not slot.retired:
+                    _restart(state, slot, release, spec, runtime_options)
         except _Stop as stop:
             raise Interrupted(stop.signum) from None
         finally:
@@ -270,6 +289,9 @@ def _serve_tabular(state: ServeState, dev, opts: ServeOptions, port: int, say: C
     state.ready_tabular(model, rt)
     say(f"serving {rel.name} v{rel.version} (tabular, root digest {rel.root_digest}) over the Open Inference "
         f"Protocol on http://{opts.host}:{port}/v2/models/{rel.name}/infer")
+    if opts.repo:
+        say("--repo: switching releases while serving is for causal-LM releases; a tabular device updates with "
+            "'sealfl device update' and a restart of 'device serve'")
     while True:
         slot = state.restarts.get()
         if rel.metadata.get("at_rest"):  # its decrypted bytes were never kept: a new boot fetches the key again
@@ -300,6 +322,47 @@ def _tabular_model(dev):
                         "equal to the signed input spec's features)", reason="model")
     return TabularModel(rel.name, rel.version, rel.root_digest, rel.statement_digest, first["name"], width,
                         dev.input_spec, tuple(rt.output_names))
+def _poll(trust: Path, state_dir: Path, opts: ServeOptions, state: ServeState, runtime_options: dict[str, Any],
+          say: Callable[[str], None]):
+    """One update check of ``opts.repo``; on a newly installed release, its slots are started
+    and warmed, then swapped in. Returns ``(release, spec)`` now served, or None."""
+    from sealfl.common.errors import SealflError
+    from sealfl.enclave.device.update import update
+
+    try:
+        res = update(trust, opts.repo, state_dir, backend=opts.backend, key_source=opts.key_source,
+                     variant=opts.variant, runtime_options=runtime_options, require_llm=True, keep_device=True,
+                     on_refused=lambda exc: state.metrics.verification_failures.inc())
+    except (SealflError, OSError) as exc:
+        state.metrics.update_checks.labels("refused").inc()
+        say(f"update check refused: {exc}; still serving {state.release.name} v{state.release.version}")
+        return None
+    state.metrics.update_checks.labels(res.action).inc()
+    if res.action != "installed":
+        if res.action == "kept":
+            say(f"update to v{res.version} refused on the device; still serving v{state.release.version}")
+        return None
+    dev = res.outcome.device
+    release, spec = _trimmed(dev.release, dev.llm_spec), dev.llm_spec
+    runtimes = [dev.runtime]
+    del dev
+    trim_heap()
+    try:
+        for _ in range(opts.max_concurrent - 1):
+            rt, _, _ = boot_llm(release.payload, release.metadata, spec.variant, runtime_options)
+            runtimes.append(rt)
+        for rt in runtimes:
+            _warm_up(rt)
+    except BaseException:
+        for rt in runtimes:
+            rt.close()
+        raise
+    state.swap(ReleaseInfo(release.name, release.version, release.root_digest, spec.variant,
+                           release.statement_digest), runtimes, spec.generation["max_context"])
+    state.metrics.set_context(spec.generation["max_context"])
+    say(f"switched to {release.name} v{release.version} ({spec.variant}, root digest {release.root_digest}) "
+        "while serving")
+    return release, spec
 
 
 def _restart(state: ServeState, slot, release, spec, runtime_options: dict[str, Any]) -> None:

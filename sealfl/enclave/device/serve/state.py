@@ -13,6 +13,13 @@ Runtimes are created on the server's **main thread** only (their children carry
 is handed back to the main thread (:meth:`ServeState.request_restart`), which starts a new
 child from the verified bytes it kept, accepts it as boot does (health check and signed
 canary) and counts a worker restart.
+
+**Switching releases while serving** (``device serve --repo URL --poll S``,
+:meth:`ServeState.swap`): the main thread boots the newer verified release, starts and
+warms its slots, then swaps the slot list in one step under the lock. A request that holds
+an old slot keeps it (and its model) to the end; the old slot is *retired*: it takes no new
+request and its child is closed when its request gives it back (or at once when idle). New
+requests get only new slots, so nothing is dropped and no request mixes two models.
 """
 
 from __future__ import annotations
@@ -58,6 +65,8 @@ class Slot:
     runtime: Any
     busy: bool = False
     broken: bool = False
+    retired: bool = False
+    release: "ReleaseInfo | None" = None
 
 
 @dataclass(frozen=True)
@@ -113,6 +122,7 @@ class ServeState:
     restarts: "queue.Queue" = field(default_factory=queue.Queue)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _cancels: set = field(default_factory=set)
+    _retired: list = field(default_factory=list)
 
     def track(self, cancel: threading.Event, on: bool) -> None:
         """Register (``on``) or forget the cancel event of a running generation; :meth:`close`
@@ -128,7 +138,7 @@ class ServeState:
     def ready(self, release: ReleaseInfo, runtimes: list, max_context: int) -> None:
         """Start serving ``runtimes`` (one per slot) of ``release``."""
         with self._lock:
-            self.slots = [Slot(i, rt) for i, rt in enumerate(runtimes)]
+            self.slots = [Slot(i, rt, release=release) for i, rt in enumerate(runtimes)]
             self.tokenizer_runtime = runtimes[0]
             self.max_context = int(max_context)
             self.release = release
@@ -149,6 +159,41 @@ class ServeState:
         m = self.metrics
         m.release_info.labels(model.name, str(model.version), "tabular", model.root_digest).set(1)
         m.loaded.set(1)
+    def swap(self, release: ReleaseInfo, runtimes: list, max_context: int) -> None:
+        """Serve ``runtimes`` of ``release`` from now on (module docstring): old slots retire,
+        idle ones are closed here, busy ones when their request ends."""
+        with self._lock:
+            stopping = self.status != "ready"
+        if stopping:
+            self._close_retired([Slot(-1, rt) for rt in runtimes])
+            return
+        with self._lock:
+            old, old_release = self.slots, self.release
+            self.slots = [Slot(i, rt, release=release) for i, rt in enumerate(runtimes)]
+            self.tokenizer_runtime = runtimes[0]
+            self.max_context = int(max_context)
+            self.release = release
+            idle = []
+            for slot in old:
+                slot.retired = True
+                (self._retired if slot.busy else idle).append(slot)
+        self._close_retired(idle)
+        m = self.metrics
+        if old_release is not None:
+            m.release_info.remove(old_release.name, str(old_release.version), old_release.variant,
+                                  old_release.root_digest)
+        m.release_info.labels(release.name, str(release.version), release.variant, release.root_digest).set(1)
+        m.release_switches.inc()
+        if self.on_slot_free is not None:
+            self.on_slot_free()
+
+    @staticmethod
+    def _close_retired(slots) -> None:
+        for slot in slots:
+            try:
+                slot.runtime.close()
+            except Exception:  # noqa: BLE001 -- a retired child: close the others regardless
+                log.exception("closing a retired runtime failed")
 
     def acquire(self) -> Slot | None:
         """A free, working slot marked busy, or None (never waits)."""
@@ -164,11 +209,17 @@ class ServeState:
 
     def release_slot(self, slot: Slot) -> None:
         """Give ``slot`` back (its request finished, failed or was cancelled)."""
-        self.metrics.kv_tokens(slot.index, 0)
         with self._lock:
+            if not slot.retired:
+                self.metrics.kv_tokens(slot.index, 0)
             if slot.busy:
                 slot.busy = False
                 self.metrics.running.dec()
+            retire = slot.retired
+            if retire and slot in self._retired:
+                self._retired.remove(slot)
+        if retire:
+            self._close_retired([slot])
         if self.on_slot_free is not None:
             self.on_slot_free()
 
@@ -176,6 +227,8 @@ class ServeState:
         """Mark ``slot`` broken (its child died) and ask the main thread to restart it."""
         with self._lock:
             slot.broken = True
+            if slot.retired:
+                return  # its release is no longer served: nothing to restart
         self.restarts.put(slot)
 
     def restarted(self, slot: Slot, runtime) -> None:
@@ -201,7 +254,8 @@ class ServeState:
         """Stop every slot's child (shutdown)."""
         with self._lock:
             self.status = "stopping"
-            runtimes = [s.runtime for s in self.slots]
+            runtimes = [s.runtime for s in self.slots] + [s.runtime for s in self._retired]
+            self._retired = []
             for cancel in self._cancels:
                 cancel.set()
         for rt in runtimes:

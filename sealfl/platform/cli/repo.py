@@ -1,0 +1,143 @@
+"""``sealfl repo``: the coordinator's TUF repository of releases (:mod:`sealfl.platform.repo`)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from sealfl.attestation.repo_index import TUF_ROOT_FILE
+from sealfl.common.errors import SealflError
+from sealfl.platform.cli.options import TrustDir
+from sealfl.platform.cli.output import command_group, console, fail
+
+__all__ = ["app"]
+
+app = command_group("repo")
+
+_Repo = typer.Argument(..., help="Repository directory.")
+_Offline = typer.Option(..., "--offline-keys", help="Directory of the offline root keys (root-*.pem, mode 0600; "
+                        "never commit it, keep it off the repository host).")
+
+
+def _expiry(values: Optional[list[str]]) -> dict[str, int]:
+    out = {}
+    for v in values or []:
+        role, sep, days = v.partition("=")
+        if not sep or not days.isdigit():
+            fail(f"--expiry takes ROLE=DAYS (e.g. timestamp=1), got {v[:60]!r}")
+        out[role] = int(days)
+    return out
+
+
+@app.command("init")
+def init(
+    repo: Path = _Repo,
+    offline_keys: Path = _Offline,
+    expiry: Optional[list[str]] = typer.Option(None, "--expiry", help="ROLE=DAYS (repeat): how long each role's "
+                                               "metadata stays valid (default root=365 targets=90 snapshot=7 "
+                                               "timestamp=1)."),
+    trust: Optional[Path] = typer.Option(None, "--trust", "-t", help="Also copy the TUF root into this trust "
+                                         f"directory as {TUF_ROOT_FILE} (what devices are provisioned with)."),
+) -> None:
+    """Create a TUF repository: three root keys (threshold 2) into --offline-keys, online
+    timestamp, snapshot and targets keys in REPO/keys, version 1 of every role."""
+    from sealfl.platform.repo.repository import Repository
+
+    try:
+        r = Repository.init(repo, offline_keys, _expiry(expiry))
+        if trust is not None:
+            trust.mkdir(parents=True, exist_ok=True)
+            (trust / TUF_ROOT_FILE).write_bytes(r.root_bytes(1))
+    except (SealflError, OSError) as exc:
+        fail(str(exc))
+    console.print(f"repository in {repo}; root keys in {offline_keys} (move them offline); device trust root "
+                  f"{r.metadata_dir / '1.root.json'}" + (f" (copied to {trust / TUF_ROOT_FILE})" if trust else ""))
+
+
+@app.command("publish")
+def publish(
+    repo: Path = _Repo,
+    release_dir: Path = typer.Argument(..., help="Release directory (verified first)."),
+    trust: TrustDir = ...,
+) -> None:
+    """Verify a release against the trust directory devices pin, then publish its files as
+    TUF targets (releases/NAME/VERSION/FILE) and re-sign targets, snapshot and timestamp."""
+    from sealfl.enclave.device.verify import verify_dir
+    from sealfl.platform.repo.repository import Repository
+
+    try:
+        v = verify_dir(trust, release_dir)
+        pub = Repository(repo).publish(v.files(), v.name, v.version, v.root_digest)
+    except (SealflError, OSError) as exc:
+        fail(str(exc))
+    console.print(f"published {v.name} v{v.version} ({len(pub.targets)} files; root digest {v.root_digest}) as "
+                  f"targets v{pub.targets_version}")
+
+
+@app.command("refresh")
+def refresh(repo: Path = _Repo) -> None:
+    """Re-sign snapshot and timestamp with a fresh expiry (run it more often than the
+    timestamp expires, e.g. from a timer: devices refuse an expired timestamp)."""
+    from sealfl.platform.repo.repository import Repository
+
+    try:
+        version = Repository(repo).refresh()
+    except (SealflError, OSError) as exc:
+        fail(str(exc))
+    console.print(f"timestamp v{version}")
+
+
+@app.command("rotate")
+def rotate(
+    role: str = typer.Argument(..., help="timestamp, snapshot, targets or root."),
+    repo: Path = typer.Option(..., "--repo", help="Repository directory."),
+    offline_keys: Path = _Offline,
+    new_offline_keys: Optional[Path] = typer.Option(None, "--new-offline-keys", help="root only: new, empty "
+                                                    "directory for the three new root keys."),
+) -> None:
+    """Replace a role's key: the new root (signed by 2 of the offline root keys; for root,
+    also by 2 of the new ones) lists the new key and the role is re-signed."""
+    from sealfl.platform.repo.repository import Repository
+
+    try:
+        version = Repository(repo).rotate(role, offline_keys, new_offline_keys)
+    except (SealflError, OSError) as exc:
+        fail(str(exc))
+    console.print(f"rotated {role}: root v{version}")
+
+
+@app.command("serve")
+def serve(
+    repo: Path = _Repo,
+    host: str = typer.Option("127.0.0.1", help="Address to bind (loopback unless you mean otherwise)."),
+    port: int = typer.Option(8080, min=0, max=65535, help="TCP port (0: a free one)."),
+    port_file: Optional[Path] = typer.Option(None, help="Write the bound port here once listening."),
+    as_json: bool = typer.Option(False, "--json", help="Print {\"url\": ...} as one JSON line."),
+) -> None:
+    """Serve REPO/www (metadata/ and targets/) over plain HTTP until SIGINT/SIGTERM; prints
+    the URL devices take as --repo."""
+    from sealfl.platform.repo.server import RepoServer
+
+    www = repo / "www"
+    if not (www / "metadata" / "timestamp.json").is_file():
+        fail(f"{repo} is not an initialised repository (no www/metadata/timestamp.json); run 'sealfl repo init'")
+    try:
+        server = RepoServer(www, host, port)
+    except OSError as exc:
+        fail(f"cannot listen on {host}:{port}: {exc}")
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    with server:
+        if port_file is not None:
+            port_file.write_text(f"{server.port}\n")
+        sys.stdout.write(json.dumps({"url": server.url}) + "\n" if as_json else f"serving {repo} at {server.url}\n")
+        sys.stdout.flush()
+        stop.wait()
+
