@@ -103,12 +103,16 @@ class EncryptedFedAvg(FedAvg):
             ``aggregate_train`` and committed with its record when the round ends
             (``aggregate_evaluate``), see :mod:`sealfl.server.bookkeeping` (optional).
         wait_s: longest wait for ``min_partners`` connected partner nodes per round.
+        privacy: (ledger, DP config) of a DP campaign (:mod:`sealfl.he.dp_account`): each
+            aggregated round is recorded and its ``privacy`` block (ε, δ so far) goes into
+            ``rounds.jsonl``; None without DP.
     Raises:
         SecretKeyPresentError: ``codec`` holds a secret key.
     """
 
     def __init__(self, codec: Codec, n_params: int, *, roster: Roster, limits: ReplyLimits | None = None,
-                 min_partners: int = 2, round_log: CampaignDir | None = None, wait_s: float = 600.0):
+                 min_partners: int = 2, round_log: CampaignDir | None = None, wait_s: float = 600.0,
+                 privacy: tuple | None = None):
         if codec.has_secret_key:
             raise SecretKeyPresentError("the aggregator's HE context holds a secret key; give it the public context")
         super().__init__(
@@ -123,6 +127,7 @@ class EncryptedFedAvg(FedAvg):
         self.min_partners = min_partners
         self.round_log = round_log
         self.wait_s = wait_s
+        self.privacy = privacy
         self.stats_ct: bytes | None = None
         self.stats_n: np.ndarray | None = None
         self._t_round = 0.0
@@ -203,6 +208,10 @@ class EncryptedFedAvg(FedAvg):
                 ciphertext_bytes_in=bytes_in, aggregate_bytes=len(model_ct),
                 fp32_bytes_per_update=4 * self.n_params, **aggregate_timing(replies, t0),
             )
+            if self.privacy is not None:  # every aggregate that may be decrypted is counted
+                ledger, dpc = self.privacy
+                ledger.record(dpc.sampling_rate)
+                self.round_log.note(privacy=ledger.privacy_block(dpc.clip, dpc.min_partners, dpc.trust))
             self.round_log.stage_checkpoint(server_round, model_ct, total, self.stats_ct)
         log.info("round %d: added %d ciphertexts (%d bytes), rejected %d", server_round, len(accepted), bytes_in, len(rejected))
         metrics = MetricRecord({"train_loss": loss, "accepted": len(accepted), "rejected": len(rejected)})
