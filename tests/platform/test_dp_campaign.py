@@ -46,8 +46,15 @@ def test_dp_campaign_records_epsilon_every_round_and_the_release_opens_it(consor
     out = tmp_path / "camp"
     grid = FakeGrid(str(cons.dir), len(cons.partners))
     decrypted: list[np.ndarray] = []
+    phases: list[str] = []
+    gone = grid.node_ids[1]
 
     def after(g, mtype):
+        phases.append(mtype)
+        if mtype == "evaluate" and phases.count("train") == 1:
+            g.unreachable.add(gone)  # partner 1's round-2 update never arrives: 3 < k = 4 count ...
+        elif mtype == "train" and phases.count("train") == 2:
+            g.unreachable.discard(gone)  # ... and it is back for round 3
         if mtype == "evaluate":  # what partner 0 decrypts: the new global model
             from sealfl.clients.app import decode_global, round_dp
             from sealfl.clients.kit import kit_dir, load_kit
@@ -68,12 +75,16 @@ def test_dp_campaign_records_epsilon_every_round_and_the_release_opens_it(consor
     assert json.loads((out / "status.json").read_text())["status"] == "finished"
     recs = CampaignDir(out, ROUNDS).rounds()
     eps = [r["privacy"]["epsilon"] for r in recs]
-    assert [r["privacy"]["rounds"] for r in recs] == [1, 2, 3]
-    assert 0 < eps[0] < eps[1] < eps[2] <= 50.0
+    # round 2 is not published (too little noise) and costs no privacy; the campaign goes on
+    assert "skipped" not in recs[0] and "skipped" not in recs[2]
+    assert "too little noise: only 3 partner update(s)" in recs[1]["skipped"] and "k=4" in recs[1]["skipped"]
+    assert [r["privacy"]["rounds"] for r in recs] == [1, 1, 2]
+    assert 0 < eps[0] == eps[1] < eps[2] <= 50.0
     assert all(r["privacy"]["delta"] == 1e-5 and r["privacy"]["min_partners"] == 4 and r["privacy"]["trust"] == 1
                for r in recs)
     # every round moved the model (noisy DP-SGD steps), and the accuracy is a real figure
     assert len(decrypted) == ROUNDS and not np.allclose(decrypted[0], decrypted[-1])
+    np.testing.assert_array_equal(decrypted[0], decrypted[1])  # the skipped round left the model as it was
     assert 0.0 <= recs[-1]["pooled_test_accuracy"] <= 1.0
 
     keys = KeyHolder(ReleaseEnclave.open(enclave_dir(cons)), cons.he_params, bytes.fromhex(cons.context_id))
@@ -85,7 +96,7 @@ def test_dp_campaign_records_epsilon_every_round_and_the_release_opens_it(consor
     from tests.support.faults import run_cli
 
     shown = " ".join(run_cli(["campaign", "status", out], timeout_s=120).stdout.split())
-    assert f"ε = {eps[-1]:.4f}, δ = 1e-05 after 3 rounds (budget ε = 50)" in shown
+    assert f"ε = {eps[-1]:.4f}, δ = 1e-05 after 2 rounds (budget ε = 50)" in shown
     assert "k = 4, t = 1" in shown
 
 
