@@ -298,7 +298,7 @@ def _dp_train(kit: PartnerKit, task, data, params, mean, std, cfg, dpc: DPConfig
     from sealfl.clients.dp_local import poisson_batch
     from sealfl.he.dp import dp_upload, partner_noise_variance, secure_rng, step_upload
 
-    if not hasattr(task, "dp_gradient_sum") or not hasattr(data, "x_train"):
+    if not hasattr(task, "dp_gradient_sum"):
         raise ClientError(f"the {task.name} task has no DP training")
     if kit.codec.WEIGHTING != "share" or not hasattr(kit.codec, "encrypt_integers"):
         raise ClientError("DP noise lives in packed BFV's integers: this consortium's codec is not BFV")
@@ -307,7 +307,7 @@ def _dp_train(kit: PartnerKit, task, data, params, mean, std, cfg, dpc: DPConfig
     rng = secure_rng()
     n = int(task.n_train(data))
     idx = poisson_batch(n, dpc.sampling_rate, rng)
-    grad_sum = task.dp_gradient_sum(params, data.x_train[idx], data.y_train[idx], mean, std, dpc.clip)
+    grad_sum = task.dp_gradient_sum(params, data, idx, mean, std, dpc.clip)
     lr = float(cfg.get("lr", task.train_defaults()["lr"]))
     batch = dpc.sampling_rate * int(declared_total)
     values = update_share(params, n, int(declared_total), kit.codec.WEIGHTING) + step_upload(grad_sum, lr, batch)

@@ -36,10 +36,11 @@ def poisson_batch(n: int, rate: float, rng: np.random.Generator) -> np.ndarray:
 
 
 def clipped_gradient_sum(module: nn.Module, loss_fn, inputs: torch.Tensor, targets: torch.Tensor,
-                         clip: float) -> list[torch.Tensor]:
+                         clip: float, params: list | None = None) -> list[torch.Tensor]:
     """``Σ_j clip_C(∇ loss(module(x_j), y_j))`` over the rows of ``inputs``, per trainable
-    parameter of ``module`` (float32 tensors shaped like the parameters; zeros for an empty
-    batch).
+    parameter of ``module`` (float32 tensors shaped like the parameters, in the order of
+    ``params`` when given -- every trainable parameter of ``module``, in any order -- else of
+    ``module.parameters()``; zeros for an empty batch).
 
     ``loss_fn(outputs, targets)`` must return the *sum* of per-example losses. The module
     is wrapped by Opacus for the call and unwrapped afterwards (its parameters are not
@@ -50,7 +51,11 @@ def clipped_gradient_sum(module: nn.Module, loss_fn, inputs: torch.Tensor, targe
 
     if not clip > 0:
         raise TaskInputError(f"clip norm must be > 0, got {clip!r}")
-    params = [p for p in module.parameters() if p.requires_grad]
+    trainable = [p for p in module.parameters() if p.requires_grad]
+    if params is None:
+        params = trainable
+    elif {id(p) for p in params} != {id(p) for p in trainable} or len(params) != len(trainable):
+        raise TaskInputError("params must be exactly the module's trainable parameters")
     if len(inputs) != len(targets):
         raise TaskInputError(f"{len(inputs)} inputs but {len(targets)} targets")
     if len(inputs) == 0:

@@ -16,6 +16,7 @@ Pure functions of public numbers; no randomness, no I/O.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 
@@ -81,9 +82,15 @@ def calibrate_noise_multiplier(target_epsilon: float, delta: float, sampling_rat
     if not 0 < sampling_rate <= 1 or not isinstance(rounds, int) or not 1 <= rounds <= 100_000:
         raise PrivacyError(f"need 0 < sampling rate <= 1 and 1 <= rounds <= 100000, got {sampling_rate!r}, {rounds!r}")
     rates = [float(sampling_rate)] * rounds
-    hi = float(dp_accounting.calibrate_dp_mechanism(
-        rdp.RdpAccountant, lambda s: _event(s, rates), target_epsilon, delta,
-        bracket_interval=dp_accounting.LowerEndpointAndGuess(0.05, 1.0), tol=1e-4))
+    absl = logging.getLogger("absl")  # the RDP accountant warns for every order it drops at small noise
+    level = absl.level
+    absl.setLevel(logging.ERROR)
+    try:
+        hi = float(dp_accounting.calibrate_dp_mechanism(
+            rdp.RdpAccountant, lambda s: _event(s, rates), target_epsilon, delta,
+            bracket_interval=dp_accounting.LowerEndpointAndGuess(0.05, 1.0), tol=1e-4))
+    finally:
+        absl.setLevel(level)
     lo = hi / 4
     if epsilon(lo, rates, delta) <= target_epsilon:
         return lo
