@@ -117,3 +117,22 @@ def test_cli_refuses_nonsense_dp_settings_before_anything_runs(args, what, conso
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert what in " ".join((r.stdout + r.stderr).split())
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_real_campaign_stops_before_the_round_that_would_exceed_the_budget(consortium, tmp_path):
+    """Flower simulation on Ray, the real partner app: asked for 6 rounds with a budget that 3
+    rounds fit and 4 do not, the campaign runs 3 and every recorded ε is within the budget."""
+    from sealfl.he.dp_account import epsilon
+    from sealfl.platform.campaign import CampaignSpec, DPSpec, run_campaign
+
+    cons, _ = consortium
+    budget = (epsilon(1.0, [0.2] * 3, 1e-5) + epsilon(1.0, [0.2] * 4, 1e-5)) / 2
+    spec = CampaignSpec(str(cons.dir), str(tmp_path / "camp"), rounds=6, min_partners=4, lr=1.0,
+                        dp=DPSpec(delta=1e-5, epsilon=budget, noise_multiplier=1.0, clip=1.0, trust=1,
+                                  sampling_rate=0.2))
+    res = run_campaign(spec)
+    assert res.status["num_rounds"] == 3 and len(res.rounds) == 3
+    eps = [r["privacy"]["epsilon"] for r in res.rounds]
+    assert eps == sorted(eps) and eps[-1] <= budget
+    assert all(r["accepted"] == sorted(cons.partners) for r in res.rounds)

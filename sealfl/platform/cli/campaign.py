@@ -37,7 +37,7 @@ def run(
                                                 "in local training (heart task; default 0)."),
     dp_epsilon: Optional[float] = typer.Option(None, help="Record-level DP: ε budget; the campaign stops before the "
                                                "round that would exceed it (without --dp-noise-multiplier the noise "
-                                               "is calibrated so all --rounds fit). Heart task, BFV, FedAvg only."),
+                                               "is calibrated so all --rounds fit). Packed BFV and FedAvg only."),
     dp_delta: float = typer.Option(1e-5, help="DP: δ (in (0, 1); below 1/records)."),
     dp_noise_multiplier: Optional[float] = typer.Option(None, help="DP: noise std over one record's sensitivity "
                                                         "(z), instead of calibrating it to --dp-epsilon."),
@@ -77,6 +77,10 @@ def run(
     acc = res.rounds[-1].get("pooled_test_accuracy") if res.rounds else None
     console.print(f"campaign finished: {len(res.rounds)} rounds in {res.seconds:.1f} s, pooled test accuracy "
                   f"{acc if acc is not None else float('nan'):.3f}; checkpoint in {out / 'checkpoint'}")
+    priv = res.rounds[-1].get("privacy") if res.rounds else None
+    if isinstance(priv, dict):
+        console.print(f"record-level DP: ε = {priv.get('epsilon', float('nan')):.4f}, δ = {priv.get('delta')} after "
+                      f"{priv.get('rounds')} noised rounds ({priv.get('accountant')})")
 
 
 @app.command("status")
