@@ -219,16 +219,37 @@ def _open_round(msg: Message, context: Context, consortium_dir: str | None):
     cfg = msg.content[P.CONFIG]
     data = task.load_data(name, cfg)
     return kit, task, name, cfg, data, decode_global_state(msg.content[P.GLOBAL], kit, task, round_opt(cfg),
-                                                           round_dp(cfg))
+                                                           round_dp(cfg, context.node_config))
 
 
-def round_dp(cfg) -> DPConfig | None:
-    """The campaign's DP settings named in a round's config (None: no DP). Raises
-    ClientError for malformed or nonsense ones."""
+#: node_config keys a partner sets to pin its own DP floor (the round config comes through the aggregator)
+DP_FLOOR_KEYS = ("dp-min-partners", "dp-noise-multiplier", "dp-trust")
+
+
+def round_dp(cfg, node_config=None) -> DPConfig | None:
+    """The campaign's DP settings named in a round's config (None: no DP).
+
+    The round config is written by the coordinator and relayed by the aggregator; a partner
+    that does not take it on trust pins a floor in its own ``node_config`` (any of
+    :data:`DP_FLOOR_KEYS`): then a round without DP, or with a smaller k, noise multiplier or
+    t than the floor, is refused before anything is decrypted or trained.
+
+    Raises ClientError for malformed or nonsense settings, or a round below the floor."""
     try:
-        return DPConfig.from_config(cfg)
+        dpc = DPConfig.from_config(cfg)
     except PrivacyError as exc:
         raise ClientError(f"the round's config: {exc}") from exc
+    floor = {k: node_config[k] for k in DP_FLOOR_KEYS if node_config and k in node_config}
+    if floor:
+        if dpc is None:
+            raise ClientError(f"this partner requires DP (node config {floor}) but the round has none; refusing it")
+        got = {"dp-min-partners": dpc.min_partners, "dp-noise-multiplier": dpc.noise_multiplier,
+               "dp-trust": dpc.trust}
+        for key, low in floor.items():
+            if got[key] < float(low):
+                raise ClientError(f"the round's {key} = {got[key]:g} is below this partner's floor {float(low):g} "
+                                  "(node config): refusing it")
+    return dpc
 
 
 def round_opt(cfg) -> ServerOpt:
@@ -268,7 +289,7 @@ def handle_train(msg: Message, context: Context, consortium_dir: str | None = No
     rnd = int(cfg.get("server-round", 0))
     testpoint("train", rnd)
     n = task.n_train(data)
-    dpc = round_dp(cfg)
+    dpc = round_dp(cfg, context.node_config)
     if dpc is not None:
         blob, loss = _dp_train(kit, task, data, params, mean, std, cfg, dpc, _global_int(msg.content[P.GLOBAL], P.STATS_N))
     else:

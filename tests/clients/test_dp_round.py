@@ -91,3 +91,24 @@ def test_fewer_than_k_partners_is_refused_at_the_partner_key_holder(dp_round):
         capp.decode_global_state(_record(codec, agg, n3), kit, None, None, capp.round_dp(_dp_cfg(4)))
     # the same aggregate is accepted when the campaign's k is 3
     capp.decode_global_state(_record(codec, agg, n3), kit, None, None, capp.round_dp(_dp_cfg(3)))
+
+
+def test_a_partner_pins_its_own_dp_floor_against_the_relayed_round_config(dp_round):
+    from sealfl.clients.errors import ClientError
+
+    cons, codec, _ = dp_round
+    floor = {"partition-id": 0, "dp-min-partners": 4, "dp-noise-multiplier": 1e-6}
+    ctx = Context(run_id=1, node_id=1, node_config=floor, state=RecordDict(), run_config={})
+
+    def train(cfg):
+        msg = Message(content=RecordDict({P.GLOBAL: _record(codec, plain=W0), P.CONFIG: ConfigRecord(cfg)}),
+                      dst_node_id=1, message_type="train")
+        return capp.handle_train(msg, ctx, str(cons.dir))
+
+    with pytest.raises(ClientError, match="dp-min-partners = 3 is below this partner's floor 4"):
+        train(_dp_cfg(3))
+    with pytest.raises(ClientError, match="dp-noise-multiplier = 1e-07 is below this partner's floor 1e-06"):
+        train(_dp_cfg(4, **{"dp-noise-multiplier": 1e-7}))
+    with pytest.raises(ClientError, match="requires DP .* but the round has none"):
+        train({"server-round": 2, "lr": 0.5, "seed": 0})
+    assert P.UPDATE in train(_dp_cfg(4)).content  # at the floor: trains
