@@ -12,8 +12,9 @@ is not a discrete Gaussian (their analysis bounds the gap), while the Skellam su
 Skellam sampling is two Poisson draws. Its Rényi DP (Agarwal et al., Theorem 3.5) is the
 Gaussian's ``α Δ₂² / (2 s²)`` plus a term of order ``α Δ₂² / s⁴`` (:func:`skellam_rdp_excess`);
 at sealfl's scale (``Δ₂`` of ~2^17 integer units or more) that term is below 1e-9 per round,
-so :mod:`sealfl.he.dp_account` accounts the sampled Gaussian of the same variance and this
-module reports the bound instead of folding it in.
+so :mod:`sealfl.he.dp_account` accounts the sampled Gaussian of the same variance and
+:func:`partner_noise_variance` refuses settings where the bound exceeds
+:data:`MAX_RDP_EXCESS` instead of folding it in.
 
 Trust (Truex et al., "A Hybrid Approach to Privacy-Preserving Federated Learning", AISec
 2019): with ``k`` partners counting and up to ``t`` of them that may skip their share or
@@ -246,10 +247,29 @@ def step_upload(grad_sum: np.ndarray, lr: float, expected_batch: float) -> np.nd
     return -float(lr) / float(expected_batch) * np.asarray(grad_sum, dtype=np.float64)
 
 
+#: largest Skellam-over-Gaussian RDP excess a DP upload accepts, relative to the Gaussian's
+#: own RDP ``α / (2 z²)``, at every order of :data:`_ORDERS` (:func:`skellam_rdp_excess`):
+#: Skellam's RDP curve then stays within a factor 1 + 1e-4 of the accounted Gaussian's at those
+#: orders. Heart's defaults are at ~1e-10
+MAX_RDP_EXCESS = 1e-4
+#: the Rényi orders checked (1.01 ... 256, geometric)
+_ORDERS = tuple(float(a) for a in np.geomspace(1.01, 256.0, 64))
+
+
 def partner_noise_variance(cfg: DPConfig, lr: float, expected_batch: float, dim: int, local: bool = False) -> float:
     """Integer-unit noise variance one partner adds for ``cfg``: the aggregate needs
     ``(z * Δ_int)²`` (:func:`integer_sensitivity` of :func:`step_sensitivity`), split over
     ``k - t`` partners (:func:`share_variance`); ``local=True`` is local DP, where every
-    partner adds all of it itself (a baseline: the sum then has k times the variance)."""
-    total = (cfg.noise_multiplier * integer_sensitivity(step_sensitivity(lr, cfg.clip, expected_batch), dim)) ** 2
+    partner adds all of it itself (a baseline: the sum then has k times the variance).
+
+    Raises PrivacyError when the update scale is so small in integer units that Skellam's
+    RDP exceeds the Gaussian's by more than the fraction :data:`MAX_RDP_EXCESS` at some order
+    of :data:`_ORDERS` (then the accountant's Gaussian ε would understate it): raise the learning rate or clip."""
+    sens = integer_sensitivity(step_sensitivity(lr, cfg.clip, expected_batch), dim)
+    total = (cfg.noise_multiplier * sens) ** 2
+    excess = max(skellam_rdp_excess(a, sens, total, dim) / (a / (2 * cfg.noise_multiplier**2)) for a in _ORDERS)
+    if excess > MAX_RDP_EXCESS:
+        raise PrivacyError(f"the update's sensitivity is only {sens:.3g} integer units: Skellam noise would exceed "
+                           f"the Gaussian's Rényi DP by a fraction {excess:.2g} (> {MAX_RDP_EXCESS:g}); raise the learning rate "
+                           "or the clip norm")
     return total if local else share_variance(total, cfg.min_partners, cfg.trust)

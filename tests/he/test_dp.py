@@ -137,6 +137,10 @@ def test_nonsense_settings_are_refused(kwargs, match):
 def test_skellam_excess_over_the_gaussian_is_negligible_at_sealfl_scale():
     sens = 0.5 / 40 * 2**23 + 8.0
     assert dp.skellam_rdp_excess(64.0, sens, (0.5 * sens) ** 2, 10_000) < 1e-6
+    # an update scale of a few integer units: Skellam is far from the Gaussian, refused
+    cfg = dp.DPConfig(noise_multiplier=1.0, clip=1.0, min_partners=4)
+    with pytest.raises(PrivacyError, match="raise the learning rate or the clip norm"):
+        dp.partner_noise_variance(cfg, lr=1e-6, expected_batch=1000, dim=14)
 
 
 def _eps_gaussian(mu: float, delta: float) -> float:
