@@ -269,7 +269,7 @@ def handle_query(msg: Message, context: Context, consortium_dir: str | None = No
     what = msg.content[P.CONFIG].get(P.QUERY, "")
     task = task_of(kit)
     if what == P.QUERY_EVAL_ONNX:
-        reply = _evaluate_candidates(msg, kit, task, name)
+        reply = _evaluate_candidates(msg, kit, task, name, context.node_config)
         sign_reply(kit, msg, reply.content)
         return reply
     if what != P.QUERY_STATS:
@@ -355,7 +355,7 @@ def handle_evaluate(msg: Message, context: Context, consortium_dir: str | None =
     return Message(content=sign_reply(kit, msg, content), reply_to=msg)
 
 
-def _evaluate_candidates(msg: Message, kit: PartnerKit, task, name: str) -> Message:
+def _evaluate_candidates(msg: Message, kit: PartnerKit, task, name: str, node_config=None) -> Message:
     """Score each candidate model on this partner's own held-out data; reply counts (and
     the task's float sums, e.g. summed NLL) only. A task that scores against the global
     model (causal-lm: the fp32 merged reference) gets it from the query's encrypted
@@ -365,7 +365,8 @@ def _evaluate_candidates(msg: Message, kit: PartnerKit, task, name: str) -> Mess
     data = task.load_data(name, cfg)
     params = mean = std = None
     if P.GLOBAL in msg.content:
-        params, mean, std = decode_global(msg.content[P.GLOBAL], kit, task, round_opt(cfg), round_dp(cfg))
+        params, mean, std = decode_global(msg.content[P.GLOBAL], kit, task, round_opt(cfg),
+                                          round_dp(cfg, node_config))
     cands = {c: P.from_u8(arr.numpy()) for c, arr in msg.content[P.CANDIDATES].items()}
     scores = task.score_candidates(cands, data, params, mean, std)
     metrics: dict = {}
