@@ -17,6 +17,7 @@ in-toto Statement v1 bound to the release's root digest::
        "optimizer": {"name": str, "settings": {...}},
        "gate": {...}, "export": {...}, "quantization": {...},   # figures and settings, free JSON
        "sealfl_version": str,
+       "privacy": {...},                            # only a differentially private campaign's: epsilon, delta, ...
        "release_enclave": {"backend": str, "measurement": {"16": hex}}}}   # written by the enclave itself
 
 ``rounds[i].aggregate_sha256`` is the SHA-256 of round i's encrypted aggregate frame as the

@@ -54,7 +54,8 @@ from sealfl.he.decrypted import (
     update_share,
     upload_clip,
 )
-from sealfl.he.errors import CiphertextError
+from sealfl.he.dp import DPConfig, open_counted
+from sealfl.he.errors import CiphertextError, PrivacyError
 from sealfl.he.framed import WIDE
 from sealfl.he.server_opt import ServerOpt
 
@@ -107,15 +108,15 @@ def _record_digest(record: ArrayRecord, kit: PartnerKit, task, opt: ServerOpt) -
     return h.digest()
 
 
-def decode_global(record: ArrayRecord, kit: PartnerKit, task=None, opt: ServerOpt | None = None
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def decode_global(record: ArrayRecord, kit: PartnerKit, task=None, opt: ServerOpt | None = None,
+                  dp: DPConfig | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Turn the server's ``"global"`` record into (params (P,), mean (d,), std (d,)), all float64
     (:func:`decode_global_state` without the optimizer state)."""
-    return decode_global_state(record, kit, task, opt)[:3]
+    return decode_global_state(record, kit, task, opt, dp)[:3]
 
 
-def decode_global_state(record: ArrayRecord, kit: PartnerKit, task=None, opt: ServerOpt | None = None
-                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def decode_global_state(record: ArrayRecord, kit: PartnerKit, task=None, opt: ServerOpt | None = None,
+                        dp: DPConfig | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Turn the server's ``"global"`` record into (params (P,), mean (d,), std (d,), state
     (S,)), all float64: ``state`` is what the partner uploads beside its local model
     (``opt.wire_length(P) - P`` values, :class:`sealfl.he.server_opt.ServerOpt`; empty
@@ -133,23 +134,27 @@ def decode_global_state(record: ArrayRecord, kit: PartnerKit, task=None, opt: Se
     statistics count must equal ``stats_n`` (the total the partners declared) and the
     model weight must be a whole number of rows no larger than it. With a server optimizer
     the decrypted mean holds the optimizer's state too, and its step gives the parameters.
+    With DP (``dp``) the aggregate carries the partner count after the model
+    (:func:`sealfl.he.dp.open_counted`): fewer than ``dp.min_partners`` is refused.
 
     Raises:
         CiphertextError: a ciphertext or field is missing or does not decrypt under this kit.
         DecryptedValueError: a decrypted value is out of bounds (nothing is trained or
             reported from it).
+        TooLittleNoiseError: a DP aggregate of fewer than ``dp.min_partners`` partners.
     """
     task = task or task_of(kit)
     opt = opt or ServerOpt()
     try:
-        key = _record_digest(record, kit, task, opt)
+        key = _record_digest(record, kit, task, opt) + (b"dp" + json.dumps(dp.to_config(), sort_keys=True).encode()
+                                                         if dp else b"")
     except Exception as exc:  # an unreadable array: let the checks below name it
         key = None
         log.debug("global record not hashable (%s); decoding without the cache", exc)
     if key is not None and key in _DECODED:
         _DECODED.move_to_end(key)
         return tuple(a.copy() for a in _DECODED[key])
-    out = _decode_global(record, kit, task, opt)
+    out = _decode_global(record, kit, task, opt, dp)
     if key is not None:
         _DECODED[key] = tuple(a.copy() for a in out)
         while len(_DECODED) > _DECODED_MAX:
@@ -157,7 +162,8 @@ def decode_global_state(record: ArrayRecord, kit: PartnerKit, task=None, opt: Se
     return out
 
 
-def _decode_global(record: ArrayRecord, kit: PartnerKit, task, opt: ServerOpt) -> tuple[np.ndarray, ...]:
+def _decode_global(record: ArrayRecord, kit: PartnerKit, task, opt: ServerOpt, dp: DPConfig | None = None
+                   ) -> tuple[np.ndarray, ...]:
     bounds = task.decrypt_bounds
     stats_n = _global_int(record, P.STATS_N)
     try:
@@ -180,8 +186,12 @@ def _decode_global(record: ArrayRecord, kit: PartnerKit, task, opt: ServerOpt) -
             raise CiphertextError(f"the global record has no readable model ciphertext/weight: {exc}") from exc
         check_weight(weight, stats_n)
         wire = opt.wire_length(task.n_params)
-        opened = open_model(share_to_sum(kit.codec.decrypt(model_blob, wire), stats_n, kit.codec.WEIGHTING), weight, bounds,
-                            max_total=stats_n)
+        if dp is None:
+            decrypted = kit.codec.decrypt(model_blob, wire)
+        else:  # refused below k partners: too little noise (TooLittleNoiseError)
+            decrypted, count = open_counted(kit.codec.decrypt(model_blob, wire + 1), dp.min_partners)
+            log.info("DP aggregate of %d partners (k=%d)", count, dp.min_partners)
+        opened = open_model(share_to_sum(decrypted, stats_n, kit.codec.WEIGHTING), weight, bounds, max_total=stats_n)
         params, state = opt.step(opened, task.n_params, bounds.param_grid_bits,
                                  clip=upload_clip(kit.codec.WEIGHTING), abs_max=bounds.param_abs_max)
         check_params(params, bounds)
@@ -208,7 +218,38 @@ def _open_round(msg: Message, context: Context, consortium_dir: str | None):
     task = task_of(kit)
     cfg = msg.content[P.CONFIG]
     data = task.load_data(name, cfg)
-    return kit, task, name, cfg, data, decode_global_state(msg.content[P.GLOBAL], kit, task, round_opt(cfg))
+    return kit, task, name, cfg, data, decode_global_state(msg.content[P.GLOBAL], kit, task, round_opt(cfg),
+                                                           round_dp(cfg, context.node_config))
+
+
+#: node_config keys a partner sets to pin its own DP floor (the round config comes through the aggregator)
+DP_FLOOR_KEYS = ("dp-min-partners", "dp-noise-multiplier", "dp-trust")
+
+
+def round_dp(cfg, node_config=None) -> DPConfig | None:
+    """The campaign's DP settings named in a round's config (None: no DP).
+
+    The round config is written by the coordinator and relayed by the aggregator; a partner
+    that does not take it on trust pins a floor in its own ``node_config`` (any of
+    :data:`DP_FLOOR_KEYS`): then a round without DP, or with a smaller k, noise multiplier or
+    t than the floor, is refused before anything is decrypted or trained.
+
+    Raises ClientError for malformed or nonsense settings, or a round below the floor."""
+    try:
+        dpc = DPConfig.from_config(cfg)
+    except PrivacyError as exc:
+        raise ClientError(f"the round's config: {exc}") from exc
+    floor = {k: node_config[k] for k in DP_FLOOR_KEYS if node_config and k in node_config}
+    if floor:
+        if dpc is None:
+            raise ClientError(f"this partner requires DP (node config {floor}) but the round has none; refusing it")
+        got = {"dp-min-partners": dpc.min_partners, "dp-noise-multiplier": dpc.noise_multiplier,
+               "dp-trust": dpc.trust}
+        for key, low in floor.items():
+            if got[key] < float(low):
+                raise ClientError(f"the round's {key} = {got[key]:g} is below this partner's floor {float(low):g} "
+                                  "(node config): refusing it")
+    return dpc
 
 
 def round_opt(cfg) -> ServerOpt:
@@ -228,7 +269,7 @@ def handle_query(msg: Message, context: Context, consortium_dir: str | None = No
     what = msg.content[P.CONFIG].get(P.QUERY, "")
     task = task_of(kit)
     if what == P.QUERY_EVAL_ONNX:
-        reply = _evaluate_candidates(msg, kit, task, name)
+        reply = _evaluate_candidates(msg, kit, task, name, context.node_config)
         sign_reply(kit, msg, reply.content)
         return reply
     if what != P.QUERY_STATS:
@@ -247,17 +288,57 @@ def handle_train(msg: Message, context: Context, consortium_dir: str | None = No
     kit, task, name, cfg, data, (params, mean, std, state) = _open_round(msg, context, consortium_dir)
     rnd = int(cfg.get("server-round", 0))
     testpoint("train", rnd)
-    new, metrics = task.train_round(params, data, mean, std, cfg, 1000 * rnd + kit.index)
     n = task.n_train(data)
-    wire = round_opt(cfg).pack(new, state)
-    blob = kit.codec.encrypt(update_share(wire, int(n), _global_int(msg.content[P.GLOBAL], P.STATS_N), kit.codec.WEIGHTING))
-    loss = round_metric(metrics["train_loss"], task.decrypt_bounds)
+    dpc = round_dp(cfg, context.node_config)
+    if dpc is not None:
+        blob, loss = _dp_train(kit, task, data, params, mean, std, cfg, dpc, _global_int(msg.content[P.GLOBAL], P.STATS_N))
+    else:
+        new, metrics = task.train_round(params, data, mean, std, cfg, 1000 * rnd + kit.index)
+        wire = round_opt(cfg).pack(new, state)
+        blob = kit.codec.encrypt(update_share(wire, int(n), _global_int(msg.content[P.GLOBAL], P.STATS_N),
+                                              kit.codec.WEIGHTING))
+        loss = round_metric(metrics["train_loss"], task.decrypt_bounds)
     log.info("partner %s round %d: trained on %d rows, loss %.4f", name, rnd, n, loss)
     content = RecordDict({
         P.UPDATE: ArrayRecord({P.UPDATE_CT: _array(blob)}),
         P.METRICS: MetricRecord({P.NUM_EXAMPLES: int(n), P.TRAIN_LOSS: loss}),
     })
     return Message(content=sign_reply(kit, msg, content), reply_to=msg)
+
+
+def _dp_train(kit: PartnerKit, task, data, params, mean, std, cfg, dpc: DPConfig, declared_total: int
+              ) -> tuple[bytes, float]:
+    """One DP round at a partner (:mod:`sealfl.he.dp`): a Poisson batch at ``dpc.sampling_rate``
+    (secret ChaCha20 randomness), its per-example clipped gradient sum (Opacus, the task's
+    ``dp_gradient_sum``), the upload ``(n/N) w + (-(lr/B) Σ clip(g))`` with ``B = q N`` plus this
+    partner's Skellam share and the count slot, encrypted as integers. Returns (frame, 0.0):
+    no training loss is reported under DP (it is a plaintext function of the records).
+
+    Raises ClientError when the task has no DP training, the codec is not packed BFV or a
+    server optimizer is set (DP campaigns run FedAvg at the key holders)."""
+    from sealfl.clients.dp_local import poisson_batch
+    from sealfl.he.dp import dp_upload, partner_noise_variance, secure_rng, step_upload
+
+    if not hasattr(task, "dp_gradient_sum"):
+        raise ClientError(f"the {task.name} task has no DP training")
+    if kit.codec.WEIGHTING != "share" or not hasattr(kit.codec, "encrypt_integers"):
+        raise ClientError("DP noise lives in packed BFV's integers: this consortium's codec is not BFV")
+    if round_opt(cfg).wire_length(task.n_params) != task.n_params:
+        raise ClientError("DP campaigns run FedAvg at the key holders: no server optimizer state")
+    rng = secure_rng()
+    n = int(task.n_train(data))
+    idx = poisson_batch(n, dpc.sampling_rate, rng)
+    grad_sum = task.dp_gradient_sum(params, data, idx, mean, std, dpc.clip)
+    lr = float(cfg.get("lr", task.train_defaults()["lr"]))
+    batch = dpc.sampling_rate * int(declared_total)
+    values = update_share(params, n, int(declared_total), kit.codec.WEIGHTING) + step_upload(grad_sum, lr, batch)
+    try:
+        ints = dp_upload(values, partner_noise_variance(dpc, lr, batch, task.n_params), rng)
+    except PrivacyError as exc:
+        raise ClientError(str(exc)) from exc
+    log.info("partner %s DP round: %d of %d rows sampled (q=%g), clip %g, noise share for k=%d, t=%d",
+             kit.partner, idx.size, n, dpc.sampling_rate, dpc.clip, dpc.min_partners, dpc.trust)
+    return kit.codec.encrypt_integers(ints), 0.0
 
 
 def handle_evaluate(msg: Message, context: Context, consortium_dir: str | None = None) -> Message:
@@ -274,7 +355,7 @@ def handle_evaluate(msg: Message, context: Context, consortium_dir: str | None =
     return Message(content=sign_reply(kit, msg, content), reply_to=msg)
 
 
-def _evaluate_candidates(msg: Message, kit: PartnerKit, task, name: str) -> Message:
+def _evaluate_candidates(msg: Message, kit: PartnerKit, task, name: str, node_config=None) -> Message:
     """Score each candidate model on this partner's own held-out data; reply counts (and
     the task's float sums, e.g. summed NLL) only. A task that scores against the global
     model (causal-lm: the fp32 merged reference) gets it from the query's encrypted
@@ -284,7 +365,8 @@ def _evaluate_candidates(msg: Message, kit: PartnerKit, task, name: str) -> Mess
     data = task.load_data(name, cfg)
     params = mean = std = None
     if P.GLOBAL in msg.content:
-        params, mean, std = decode_global(msg.content[P.GLOBAL], kit, task, round_opt(cfg))
+        params, mean, std = decode_global(msg.content[P.GLOBAL], kit, task, round_opt(cfg),
+                                          round_dp(cfg, node_config))
     cands = {c: P.from_u8(arr.numpy()) for c, arr in msg.content[P.CANDIDATES].items()}
     scores = task.score_candidates(cands, data, params, mean, std)
     metrics: dict = {}

@@ -241,6 +241,22 @@ class BFVCodec(SealChunkCodec):
         q = quantize(vector, layout)
         return self.frame(q.size, self._seeded_chunks(pack(q, layout), self.params.slots), layout)
 
+    def encrypt_integers(self, q: np.ndarray, layout: Layout = PACKED) -> bytes:
+        """Encrypt fixed-point integers already in ``layout``'s units (int64, 1-D; e.g. a DP
+        upload with its integer noise, :func:`sealfl.he.dp.dp_upload`); returns a frame that
+        :meth:`decrypt` reads like :meth:`encrypt`'s.
+
+        Raises CiphertextError for a non-integer or non-1-D array or a value outside the
+        packed field (``|q| < 2**(bits-1)``); SecretKeyMissingError without the secret key.
+        """
+        q = np.asarray(q)
+        if q.dtype.kind not in "iu" or q.ndim != 1:
+            raise CiphertextError(f"expected a 1-D integer vector, got {q.dtype} {q.shape}")
+        q = q.astype(np.int64)
+        if q.size and int(np.max(np.abs(q))) >= 1 << (layout.bits - 1):
+            raise CiphertextError(f"integer {int(np.max(np.abs(q)))} does not fit a {layout.bits}-bit field")
+        return self.frame(q.size, self._seeded_chunks(pack(q, layout), self.params.slots), layout)
+
     def decrypt(self, blob: bytes, expected_length: int | None = None, layout: Layout = PACKED) -> np.ndarray:
         """Decrypt a frame into float64 (length,) -- exact fixed-point values.
 

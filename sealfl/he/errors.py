@@ -5,7 +5,7 @@ from __future__ import annotations
 from sealfl.common.errors import SealflError
 
 __all__ = ["HEError", "CiphertextError", "SecretKeyMissingError", "DecryptedValueError", "KeyWrapError",
-           "ServerOptError"]
+           "ServerOptError", "PrivacyError", "TooLittleNoiseError"]
 
 
 class HEError(SealflError):
@@ -35,3 +35,15 @@ class KeyWrapError(HEError):
 
 class ServerOptError(HEError):
     """A server-optimizer setting is unknown or out of range (:mod:`sealfl.he.server_opt`)."""
+
+
+class PrivacyError(HEError):
+    """A differential-privacy setting is nonsense (ε, δ, noise multiplier, clip norm,
+    trust parameter out of range) or a budget cannot be met (:mod:`sealfl.he.dp`,
+    :mod:`sealfl.he.dp_account`). The message names the setting and its allowed range."""
+
+
+class TooLittleNoiseError(DecryptedValueError):
+    """A key holder refused a DP aggregate because fewer partners than ``k`` counted in it
+    (the count travels inside the encrypted sum, :mod:`sealfl.he.dp`): the sum carries less
+    noise than the accountant assumes, so it is not published."""

@@ -38,6 +38,29 @@ from sealfl.server.errors import CampaignDirError
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class DPSpec:
+    """A campaign's record-level differential privacy (issue 23; :mod:`sealfl.he.dp`).
+
+    Attributes:
+        delta: δ (0 < δ < 1).
+        epsilon: ε budget: the campaign stops before the round that would exceed it; with no
+            ``noise_multiplier`` the noise is calibrated so that all rounds fit it.
+        noise_multiplier: z, aggregate noise std over one record's L2 sensitivity.
+        clip: per-example L2 clip norm C.
+        trust: t, partners that may skip their noise share or collude (0 <= t < k, k =
+            the campaign's min partners).
+        sampling_rate: q, each record's Poisson inclusion probability per round.
+    """
+
+    delta: float = 1e-5
+    epsilon: float | None = None
+    noise_multiplier: float | None = None
+    clip: float = 1.0
+    trust: int = 0
+    sampling_rate: float = 0.1
+
+
 @dataclass
 class CampaignSpec:
     """A campaign to run.
@@ -60,6 +83,7 @@ class CampaignSpec:
         proximal_mu: FedProx's proximal term weight μ for local training (Li et al., MLSys
             2020; ``None``: the task's default, 0); only for tasks whose training settings
             include ``proximal-mu``.
+        dp: record-level DP (:class:`DPSpec`; None: off).
     """
 
     consortium_dir: str
@@ -79,6 +103,9 @@ class CampaignSpec:
     max_examples: int = 1_000_000
     server_opt: ServerOpt = field(default_factory=ServerOpt)
     proximal_mu: float | None = None
+    dp: DPSpec | None = None
+    #: the ``dp-*`` round-config entries :func:`plan_dp` fixed (set by :func:`preflight`)
+    dp_round_config: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -157,6 +184,8 @@ def preflight(spec: CampaignSpec) -> tuple[Consortium, int]:
     n = len(cons.partners)
     min_partners = spec.min_partners if spec.min_partners is not None else max(2, n - 1)
     check_spec(spec, n, min_partners)
+    if spec.dp is not None:
+        spec.dp_round_config = plan_dp(spec, cons, min_partners)
     if spec.proximal_mu and "proximal-mu" not in get_task(cons.task).train_defaults():
         raise CampaignError(f"the {cons.task} task has no FedProx proximal term; leave out --proximal-mu")
     out, cdir = Path(spec.out_dir).resolve(), cons.dir.resolve()
@@ -171,6 +200,55 @@ def preflight(spec: CampaignSpec) -> tuple[Consortium, int]:
     return cons, min_partners
 
 
+def plan_dp(spec: CampaignSpec, cons: Consortium, min_partners: int) -> dict:
+    """Check a DP campaign's settings and fix its noise and length: the noise multiplier
+    (given, or calibrated so that ``spec.rounds`` rounds fit ``--dp-epsilon``) and the rounds
+    (cut to the last one within the budget: the campaign stops before the round that would
+    exceed it). Returns the round-config entries (``dp-*``) and sets ``spec.rounds``.
+    Raises CampaignError naming the setting."""
+    from sealfl.he.dp import DPConfig
+    from sealfl.he.dp_account import calibrate_noise_multiplier, check_budget, epsilon
+    from sealfl.he.errors import PrivacyError
+
+    d = spec.dp
+    task = get_task(cons.task)
+    if not hasattr(task, "dp_gradient_sum"):
+        raise CampaignError(f"the {cons.task} task has no DP training yet; leave out the --dp-* options")
+    if cons.he_params.to_dict().get("scheme") != "BFV":
+        raise CampaignError("DP noise lives in packed BFV's integers: this consortium uses "
+                            f"{cons.he_params.to_dict().get('scheme')}; create it with --he bfv")
+    if spec.server_opt.to_config().get("server-opt", "fedavg") != "fedavg":
+        raise CampaignError("DP campaigns run FedAvg at the key holders; leave out --server-opt")
+    try:
+        check_budget(d.epsilon, d.delta)
+        if d.noise_multiplier is None and d.epsilon is None:
+            raise PrivacyError("DP needs --dp-epsilon (the noise is calibrated to it) or --dp-noise-multiplier")
+        z = d.noise_multiplier
+        if z is None:
+            z = calibrate_noise_multiplier(d.epsilon, d.delta, d.sampling_rate, spec.rounds)
+        cfg = DPConfig(z, d.clip, min_partners, d.trust, d.sampling_rate)
+        if d.epsilon is not None and epsilon(z, [d.sampling_rate] * spec.rounds, d.delta) > d.epsilon:
+            lo, hi = 0, spec.rounds  # the largest round count within the budget: ε grows with rounds
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if epsilon(z, [d.sampling_rate] * mid, d.delta) <= d.epsilon:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            if lo == 0:
+                raise PrivacyError(f"one round at noise multiplier {z:g} and sampling rate {d.sampling_rate:g} already "
+                                   f"exceeds epsilon {d.epsilon:g}; raise the noise or lower the sampling rate")
+            log.warning("DP: the campaign stops after round %d of %d: round %d would exceed epsilon %g",
+                        lo, spec.rounds, lo + 1, d.epsilon)
+            spec.rounds = lo
+    except PrivacyError as exc:
+        raise CampaignError(str(exc)) from exc
+    out = {**cfg.to_config(), "dp-delta": float(d.delta)}
+    if d.epsilon is not None:
+        out["dp-epsilon"] = float(d.epsilon)
+    return out
+
+
 def train_config(task, spec: CampaignSpec) -> dict:
     """What partners receive each round: the task's defaults, then the spec's settings."""
     train = {**task.train_defaults(), "seed": spec.seed}
@@ -179,7 +257,7 @@ def train_config(task, spec: CampaignSpec) -> dict:
                        ("proximal-mu", spec.proximal_mu)):
         if value is not None:
             train[key] = value
-    return {**train, **spec.server_opt.to_config(), **spec.extra}
+    return {**train, **spec.server_opt.to_config(), **spec.extra, **spec.dp_round_config}
 
 
 def run_campaign(spec: CampaignSpec, on_round: Callable[[dict], None] | None = None, *,

@@ -174,6 +174,31 @@ def campaign_test_counts(campaign_dir: str | Path) -> dict[str, int]:
     return {}
 
 
+def campaign_dp(campaign_dir: str | Path):
+    """The campaign's DP settings (:class:`sealfl.he.dp.DPConfig`) from its server_config.json,
+    or None without DP (or without a config). Raises ReleaseError for malformed ones."""
+    from sealfl.he.dp import DPConfig
+    from sealfl.he.errors import PrivacyError
+
+    cd = CampaignDir(campaign_dir)
+    if not cd.has_config():
+        return None
+    try:
+        return DPConfig.from_config(cd.read_train_config())
+    except (CampaignDirError, PrivacyError) as exc:
+        raise ReleaseError(f"campaign {campaign_dir}: its DP settings are unreadable ({exc}); not releasing") from exc
+
+
+def campaign_privacy(campaign_dir: str | Path) -> dict | None:
+    """The ``privacy`` block (ε, δ, mechanism, accountant, ...) of the campaign's last round
+    in ``rounds.jsonl``, or None for a campaign without DP: what the release metadata carries
+    so a device or an auditor can read the guarantee of the model it runs."""
+    for rec in reversed(CampaignDir(campaign_dir).rounds()):
+        if isinstance(rec.get("privacy"), dict):
+            return dict(rec["privacy"])
+    return None
+
+
 def open_final_model(keys: KeyHolder, ckpt: dict, task, campaign_dir) -> tuple:
     """Decrypt the final checkpoint inside the release enclave, checked and rounded
     (:meth:`KeyHolder.open_model`, :meth:`KeyHolder.open_stats`), with the campaign's server
@@ -186,7 +211,8 @@ def open_final_model(keys: KeyHolder, ckpt: dict, task, campaign_dir) -> tuple:
     declared = ckpt["stats_declared_n"]
     try:
         params = keys.open_model(ckpt["model_ct"], ckpt["model_weight"], task.n_params, task.decrypt_bounds,
-                                 declared_total=declared, opt=campaign_server_opt(campaign_dir))
+                                 declared_total=declared, opt=campaign_server_opt(campaign_dir),
+                                 dp=campaign_dp(campaign_dir))
         mean, std = keys.open_stats(ckpt["stats_ct"], task.stats_length, declared, task.decrypt_bounds)
     except ServerOptError as exc:
         raise ReleaseError(f"campaign {campaign_dir}: {exc}; not releasing") from exc
@@ -369,6 +395,10 @@ def release_tabular(job: ReleaseJob) -> tuple[dict, dict, dict, list]:
         cons, campaign_dir, ckpt, optimizer=campaign_server_opt(campaign_dir), gate=dict(metadata["accuracy"]),
         export={"format": "onnx", "model_file": MODEL_FILE, "input": metadata["input"], "output": metadata["output"]},
         quantization=dict(SCHEME))
+    privacy = campaign_privacy(campaign_dir)
+    if privacy is not None:  # the DP guarantee, in the signed metadata and in the provenance
+        metadata["privacy"] = privacy
+        provenance["privacy"] = privacy
     supervisor.check()
     reserve(cons.dir, version, str(out_dir))  # before the directory exists: no version is issued twice
     try:

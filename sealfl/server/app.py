@@ -33,6 +33,8 @@ from flwr.serverapp import Grid, ServerApp
 from sealfl.common import protocol as P
 from sealfl.he import codecs
 from sealfl.he.codecs import Codec
+from sealfl.he.dp import DPConfig
+from sealfl.he.dp_account import Ledger
 from sealfl.he.framed import WIDE
 from sealfl.he.server_opt import ServerOpt
 from sealfl.server.aggregate import Validated, sum_chunks
@@ -208,8 +210,15 @@ def run_server(grid: Grid, cfg: ServerConfig) -> None:
         })
         # partners upload [model, server-optimizer state] (sealfl.he.server_opt)
         wire = ServerOpt.from_config(cfg.train).wire_length(cfg.n_params)
+        dpc = DPConfig.from_config(cfg.train)
+        ledger = None
+        if dpc is not None:  # DP uploads carry the partner count after the model (sealfl.he.dp)
+            wire += 1
+            budget = cfg.train.get("dp-epsilon")
+            ledger = Ledger(dpc.noise_multiplier, float(cfg.train["dp-delta"]),
+                            None if budget is None else float(budget))
         strategy = EncryptedFedAvg(codec, wire, roster=roster, limits=limits, min_partners=cfg.min_partners,
-                                   round_log=rlog, wait_s=cfg.timeout_s)
+                                   round_log=rlog, wait_s=cfg.timeout_s, privacy=(ledger, dpc) if dpc else None)
         strategy.start(grid=grid, initial_arrays=initial, num_rounds=cfg.num_rounds, timeout=cfg.timeout_s,
                        train_config=ConfigRecord(_scalar(cfg.train)), evaluate_config=ConfigRecord(_scalar(cfg.train)))
         rlog.set_status(status="finished", finished=time.time())

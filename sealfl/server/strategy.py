@@ -103,12 +103,16 @@ class EncryptedFedAvg(FedAvg):
             ``aggregate_train`` and committed with its record when the round ends
             (``aggregate_evaluate``), see :mod:`sealfl.server.bookkeeping` (optional).
         wait_s: longest wait for ``min_partners`` connected partner nodes per round.
+        privacy: (ledger, DP config) of a DP campaign (:mod:`sealfl.he.dp_account`): each
+            aggregated round is recorded and its ``privacy`` block (ε, δ so far) goes into
+            ``rounds.jsonl``; None without DP.
     Raises:
         SecretKeyPresentError: ``codec`` holds a secret key.
     """
 
     def __init__(self, codec: Codec, n_params: int, *, roster: Roster, limits: ReplyLimits | None = None,
-                 min_partners: int = 2, round_log: CampaignDir | None = None, wait_s: float = 600.0):
+                 min_partners: int = 2, round_log: CampaignDir | None = None, wait_s: float = 600.0,
+                 privacy: tuple | None = None):
         if codec.has_secret_key:
             raise SecretKeyPresentError("the aggregator's HE context holds a secret key; give it the public context")
         super().__init__(
@@ -123,11 +127,13 @@ class EncryptedFedAvg(FedAvg):
         self.min_partners = min_partners
         self.round_log = round_log
         self.wait_s = wait_s
+        self.privacy = privacy
         self.stats_ct: bytes | None = None
         self.stats_n: np.ndarray | None = None
         self._t_round = 0.0
         self._sent: list[Message] = []
         self._absent: dict[str, str] = {}
+        self._last: tuple[bytes, float] | None = None  # the last published aggregate (DP: kept over a skipped round)
 
     def summary(self) -> None:
         log.info("EncryptedFedAvg: HE %s, %d parameters, min_partners=%d", self.codec.params.to_dict(),
@@ -175,6 +181,8 @@ class EncryptedFedAvg(FedAvg):
             phase="train")
         rejected = {**self._absent, **screened.rejected}
         accepted = sorted(screened.accepted)
+        if len(accepted) < self.min_partners and self.privacy is not None and self._last is not None:
+            return self._skip_round(server_round, accepted, rejected)
         if len(accepted) < self.min_partners:
             raise NotEnoughPartnersError(
                 f"round {server_round}: only {len(accepted)} valid partner update(s) "
@@ -197,16 +205,38 @@ class EncryptedFedAvg(FedAvg):
             P.STATS_CT: Array(P.to_u8(self.stats_ct)),
             P.STATS_N: Array(np.asarray(self.stats_n, dtype=np.int64)),
         })
+        if self.privacy is not None:  # every aggregate that may be decrypted is accounted
+            self.privacy[0].record(self.privacy[1].sampling_rate)
         if self.round_log is not None:
             self.round_log.note(
                 accepted=accepted, rejected=rejected, total_weight=total, train_loss=loss,
                 ciphertext_bytes_in=bytes_in, aggregate_bytes=len(model_ct),
                 fp32_bytes_per_update=4 * self.n_params, **aggregate_timing(replies, t0),
             )
+            if self.privacy is not None:
+                ledger, dpc = self.privacy
+                self.round_log.note(privacy=ledger.privacy_block(dpc.clip, dpc.min_partners, dpc.trust))
             self.round_log.stage_checkpoint(server_round, model_ct, total, self.stats_ct)
+        self._last = (model_ct, total)
         log.info("round %d: added %d ciphertexts (%d bytes), rejected %d", server_round, len(accepted), bytes_in, len(rejected))
         metrics = MetricRecord({"train_loss": loss, "accepted": len(accepted), "rejected": len(rejected)})
         return record, metrics
+
+    def _skip_round(self, server_round: int, accepted: list[str], rejected: dict) -> tuple[None, MetricRecord]:
+        """DP: fewer than k partners counted, so the sum would carry too little noise -- it is
+        not made and nothing is published; the global model stays the last published one (its
+        checkpoint is staged again under this round) and the campaign goes on. Not counted
+        by the accountant: no aggregate of this round is ever decrypted."""
+        model_ct, total = self._last
+        msg = (f"too little noise: only {len(accepted)} partner update(s) ({', '.join(accepted) or 'none'}), "
+               f"fewer than k={self.min_partners}; the round is not published")
+        log.warning("round %d: %s", server_round, msg)
+        if self.round_log is not None:
+            self.round_log.note(accepted=accepted, rejected=rejected, skipped=msg, total_weight=total,
+                                privacy=self.privacy[0].privacy_block(self.privacy[1].clip, self.privacy[1].min_partners,
+                                                                      self.privacy[1].trust))
+            self.round_log.stage_checkpoint(server_round, model_ct, total, self.stats_ct)
+        return None, MetricRecord({"accepted": len(accepted), "rejected": len(rejected)})
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Pooled test accuracy = Σ correct / Σ n over the partners whose evaluate reply

@@ -218,3 +218,34 @@ def train_local(peft_model, spec: LoraSpec, start: np.ndarray, blocks: np.ndarra
         losses.append(float(loss.item()))
     peft_model.eval()
     return flatten_adapters(peft_model, spec), {"train_loss": float(np.mean(losses))}
+
+
+def dp_gradient_sum(peft_model, spec: LoraSpec, start: np.ndarray, blocks: np.ndarray, clip: float) -> np.ndarray:
+    """Σ over the token blocks (int64 (n, L); one block = one example) of each block's
+    gradient of its mean next-token cross entropy with respect to the adapters, clipped to
+    L2 norm ``clip`` (Opacus, :func:`sealfl.clients.dp_local.clipped_gradient_sum`), flat in
+    :func:`flatten_adapters`' order: float64 (P,). The adapters are loaded from ``start``
+    and left so; nothing else changes. Raises AdapterError for bad ``start`` or ``blocks``."""
+    import torch
+
+    from sealfl.clients.dp_local import clipped_gradient_sum
+
+    blocks = np.asarray(blocks)
+    if blocks.ndim != 2 or blocks.shape[1] < 2:
+        raise AdapterError(f"training blocks must be an (n, L>=2) array, got shape {blocks.shape}")
+    load_adapters(peft_model, spec, start)
+    params = [t for _, t in _adapter_tensors(peft_model, spec)]
+
+    def loss_sum(out, ids):  # Σ over blocks of each block's mean next-token NLL
+        logits = out.logits[:, :-1].float()
+        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
+                                                reduction="none").reshape(ids.shape[0], -1)
+        return nll.mean(dim=1).sum()
+
+    ids = torch.as_tensor(blocks, dtype=torch.long)
+    peft_model.train()
+    try:
+        grads = clipped_gradient_sum(peft_model, loss_sum, ids, ids, clip, params=params)
+    finally:
+        peft_model.eval()
+    return np.concatenate([g.detach().numpy().reshape(-1) for g in grads]).astype(np.float64)

@@ -168,6 +168,13 @@ class CausalLMTask:
                             lr=float(config.get("lr", d["lr"])), seed=int(config.get("seed", d["seed"])))
         return train_local(self._peft_model(), self.spec, params, data.train, cfg, cfg.seed + seed)
 
+    def dp_gradient_sum(self, params, data: LMData, idx: np.ndarray, mean, std, clip: float) -> np.ndarray:
+        """Σ over the training blocks ``idx`` of each block's clipped adapter gradient
+        (Opacus; :func:`.lora.dp_gradient_sum`): float64 (P,)."""
+        from sealfl.clients.causal_lm.lora import dp_gradient_sum
+
+        return dp_gradient_sum(self._peft_model(), self.spec, params, data.train[np.asarray(idx, dtype=np.int64)], clip)
+
     def evaluate_round(self, params, data: LMData, mean, std) -> dict:
         import torch
 

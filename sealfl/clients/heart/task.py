@@ -190,6 +190,24 @@ class HeartTask:
             last = total / max(count, 1)
         return self.flatten(model), {"train_loss": last}
 
+    def dp_gradient_sum(self, params: np.ndarray, data, idx: np.ndarray, mean: np.ndarray, std: np.ndarray,
+                        clip: float) -> np.ndarray:
+        """Σ over the training rows ``idx`` of ``data`` of each example's BCE gradient clipped
+        to L2 norm ``clip`` (Opacus, :func:`sealfl.clients.dp_local.clipped_gradient_sum`),
+        flat like the parameters: float64 (14,) ``[w_0 .. w_12, b]``."""
+        return self.clipped_gradient_sum(params, data.x_train[idx], data.y_train[idx], mean, std, clip)
+
+    def clipped_gradient_sum(self, params: np.ndarray, x: np.ndarray, y: np.ndarray, mean: np.ndarray,
+                             std: np.ndarray, clip: float) -> np.ndarray:
+        """:meth:`dp_gradient_sum` over explicit rows (x (n,13) float32, y (n,) float32)."""
+        from sealfl.clients.dp_local import clipped_gradient_sum
+
+        model = self.build(params, mean, std)
+        grads = clipped_gradient_sum(model.linear, nn.BCEWithLogitsLoss(reduction="sum"),
+                                     (torch.as_tensor(x, dtype=torch.float32) - model.mean) / model.std,
+                                     torch.as_tensor(y, dtype=torch.float32).reshape(-1, 1), clip)
+        return np.concatenate([g.detach().numpy().reshape(-1) for g in grads]).astype(np.float64)
+
     def predict_proba(self, params: np.ndarray, x: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
         """P(disease) for each row: float32 (n,)."""
         model = self.build(params, mean, std)

@@ -59,7 +59,8 @@ class KeyHolder:
 
         return self._codec.decrypt(blob, length, layout or PACKED)
 
-    def open_model(self, blob: bytes, total_weight, length: int, bounds, *, declared_total: int, opt=None) -> np.ndarray:
+    def open_model(self, blob: bytes, total_weight, length: int, bounds, *, declared_total: int, opt=None,
+                   dp=None) -> np.ndarray:
         """Weighted FedAvg's last step, checked and rounded: ``E(Σ (n_i / N) w_i)`` (N =
         ``declared_total``, the statistics round's total, also the weight's bound), Σ n_i ->
         float64 (length,) on the parameter grid (:func:`sealfl.he.decrypted.open_model`).
@@ -67,12 +68,16 @@ class KeyHolder:
         With a server optimizer ``opt`` (:class:`sealfl.he.server_opt.ServerOpt`),
         ``length`` is the model's, the ciphertext holds ``opt.wire_length(length)`` values
         (the model and the optimizer's state) and the result is the optimizer's step, bound
-        checked again; the state never leaves the enclave.
+        checked again; the state never leaves the enclave. With DP (``dp``, a
+        :class:`sealfl.he.dp.DPConfig`) the ciphertext carries the partner count after the
+        model and an aggregate of fewer than ``dp.min_partners`` is refused
+        (:func:`sealfl.he.dp.open_counted`).
 
         Raises:
             CiphertextError: ``blob`` is not a frame of the expected values of this context.
             DecryptedValueError: the weight is not a whole number in ``[1, max_total]``, a
-                parameter is out of ``bounds`` or the optimizer's state is impossible.
+                parameter is out of ``bounds`` or the optimizer's state is impossible;
+                TooLittleNoiseError (a DecryptedValueError) below k partners.
         """
         from sealfl.he.decrypted import check_params, check_weight, open_model, share_to_sum, upload_clip
         from sealfl.he.server_opt import ServerOpt
@@ -80,8 +85,14 @@ class KeyHolder:
         opt = opt or ServerOpt()
         wire = opt.wire_length(length)
         check_weight(total_weight, declared_total)
-        opened = open_model(share_to_sum(self._codec.decrypt(blob, wire), declared_total, self._codec.WEIGHTING),
-                            total_weight, bounds, declared_total)
+        if dp is None:
+            decrypted = self._codec.decrypt(blob, wire)
+        else:
+            from sealfl.he.dp import open_counted
+
+            decrypted, _count = open_counted(self._codec.decrypt(blob, wire + 1), dp.min_partners)
+        opened = open_model(share_to_sum(decrypted, declared_total, self._codec.WEIGHTING), total_weight, bounds,
+                            declared_total)
         x, _state = opt.step(opened, length, bounds.param_grid_bits, clip=upload_clip(self._codec.WEIGHTING),
                              abs_max=bounds.param_abs_max)
         return check_params(x, bounds)

@@ -35,6 +35,16 @@ def run(
                                                     "(default 0.9)."),
     proximal_mu: Optional[float] = typer.Option(None, help="FedProx: weight μ of the proximal term ½μ‖w - w_global‖² "
                                                 "in local training (heart task; default 0)."),
+    dp_epsilon: Optional[float] = typer.Option(None, help="Record-level DP: ε budget; the campaign stops before the "
+                                               "round that would exceed it (without --dp-noise-multiplier the noise "
+                                               "is calibrated so all --rounds fit). Packed BFV and FedAvg only."),
+    dp_delta: float = typer.Option(1e-5, help="DP: δ (in (0, 1); below 1/records)."),
+    dp_noise_multiplier: Optional[float] = typer.Option(None, help="DP: noise std over one record's sensitivity "
+                                                        "(z), instead of calibrating it to --dp-epsilon."),
+    dp_clip: float = typer.Option(1.0, help="DP: per-example gradient L2 clip norm C."),
+    dp_trust: int = typer.Option(0, help="DP: t, partners that may skip their noise share or collude; shares are "
+                                 "sized for k - t honest partners (k = --min-partners)."),
+    dp_sampling_rate: float = typer.Option(0.1, help="DP: each record's Poisson inclusion probability per round."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier campaign in --out."),
     ray_address: RayAddress = None,
 ) -> None:
@@ -44,17 +54,21 @@ def run(
     status.json saying 'interrupted' after the last finished round)."""
     with interruptible():  # a signal is acted on where it is safe, from the first import on
         from sealfl.he.server_opt import ServerOpt
-        from sealfl.platform.campaign import CampaignSpec
+        from sealfl.platform.campaign import CampaignSpec, DPSpec
         from sealfl.platform.progress import run_campaign_with_progress
 
         try:
             if server_momentum is None:
                 server_momentum = 0.9 if server_opt.strip().lower() == "fedavgm" else 0.0
             opt = ServerOpt(server_opt, lr=server_lr, momentum=server_momentum)
+            dp = None
+            if dp_epsilon is not None or dp_noise_multiplier is not None:
+                dp = DPSpec(delta=dp_delta, epsilon=dp_epsilon, noise_multiplier=dp_noise_multiplier, clip=dp_clip,
+                            trust=dp_trust, sampling_rate=dp_sampling_rate)
             spec = CampaignSpec(str(consortium), str(out), rounds=rounds, local_epochs=local_epochs, lr=lr,
                                 min_partners=min_partners, ray_address=ray_address, overwrite=overwrite,
                                 flower_log_level="INFO" if VERBOSE["on"] else "WARNING", server_opt=opt,
-                                proximal_mu=proximal_mu)
+                                proximal_mu=proximal_mu, dp=dp)
             res = run_campaign_with_progress(spec, console)
         except Interrupted as exc:
             stopped(exc)
@@ -63,6 +77,10 @@ def run(
     acc = res.rounds[-1].get("pooled_test_accuracy") if res.rounds else None
     console.print(f"campaign finished: {len(res.rounds)} rounds in {res.seconds:.1f} s, pooled test accuracy "
                   f"{acc if acc is not None else float('nan'):.3f}; checkpoint in {out / 'checkpoint'}")
+    priv = res.rounds[-1].get("privacy") if res.rounds else None
+    if isinstance(priv, dict):
+        console.print(f"record-level DP: ε = {priv.get('epsilon', float('nan')):.4f}, δ = {priv.get('delta')} after "
+                      f"{priv.get('rounds')} noised rounds ({priv.get('accountant')})")
 
 
 @app.command("status")
@@ -106,6 +124,17 @@ def status(
         except (TypeError, ValueError):
             t.add_row(str(r["round"]), "(malformed record)", "", "", "", "")
     console.print(t)
+    priv = next((r["privacy"] for r in reversed(rounds) if isinstance(r.get("privacy"), dict)), None)
+    if priv is not None:
+        try:
+            budget = priv.get("epsilon_budget")
+            console.print(f"privacy (record-level DP, {priv.get('accountant')}): ε = {float(priv['epsilon']):.4f}, "
+                          f"δ = {float(priv['delta']):g} after {int(priv['rounds'])} rounds"
+                          f"{f' (budget ε = {float(budget):g})' if budget is not None else ''}; noise multiplier "
+                          f"{float(priv['noise_multiplier']):.4g}, clip {float(priv['clip']):g}, "
+                          f"k = {priv.get('min_partners')}, t = {priv.get('trust')}")
+        except (KeyError, TypeError, ValueError):
+            console.print("privacy: (malformed record)")
     if view.error:
         err.print(f"[bold red]{'stopped' if view.state == 'interrupted' else 'error'}:[/] {view.error}")
     ray = status_doc.get("ray") if isinstance(status_doc.get("ray"), dict) else {}
