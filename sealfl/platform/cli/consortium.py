@@ -28,6 +28,10 @@ def create(
                                        "~1.05x the fp32 bytes, exact sums, parameters clipped to ±8) or 'ckks' "
                                        "(NVIDIA FLARE's parameters, ~7x the fp32 bytes); README 'Encrypted "
                                        "aggregation'."),
+    superlink_host: Optional[list[str]] = typer.Option(None, "--superlink-host",
+                                                       help="Name or IP address partners reach the SuperLink at "
+                                                            "(repeat; the TLS certificate's SAN). Default: 127.0.0.1 "
+                                                            "and localhost."),
 ) -> None:
     """Run the HE key ceremony, write one startup kit per partner, provision the release
     enclave (HE secret sealed in it) and export the device trust anchors."""
@@ -39,9 +43,10 @@ def create(
     try:
         name = name or task
         cons, codec = create_consortium(directory, name, list(partner or get_task(task).partners), task=task,
-                                        params=params_for(he))
+                                        params=params_for(he), superlink_hosts=superlink_host)
         provision_release_enclave(cons, codec.secret_context_bytes())
     except (SealflError, OSError) as exc:
         fail(str(exc))
     console.print(f"consortium [bold]{name}[/] in {directory}: partners {', '.join(cons.partners)}; "
-                  f"device trust anchors in {trust_dir(cons)}")
+                  f"device trust anchors in {trust_dir(cons)}; startup kits: {directory / 'superlink'}, "
+                  f"{directory / 'aggregator'}, {directory / 'partners'}/<name> (each with a README)")
