@@ -3,6 +3,7 @@
 =================  =====================================================================
 ``consortium``     coordinator: create a consortium (:mod:`.consortium`)
 ``campaign``       coordinator: run and watch encrypted campaigns (:mod:`.campaign`)
+``superlink``      coordinator: run the SuperLink from its kit (:mod:`.superlink`)
 ``release``        coordinator: build, gate, sign and attest a release (:mod:`.release`)
 ``partner``        partner: check a startup kit and the local data (:mod:`.partner`)
 ``device``         device: provision, boot, generate, serve, attest, doctor (:mod:`.device`)
@@ -36,9 +37,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                    "Coordinator: create a consortium (HE key ceremony, partner kits, release enclave)."),
     "campaign": ("sealfl.platform.cli.campaign", "app",
                  "Coordinator: run encrypted campaigns on Ray (FedAvg, or FedAvgM / FedAdam at the key holders)."),
+    "superlink": ("sealfl.platform.cli.superlink", "app",
+                  "Coordinator: run the consortium's SuperLink (TLS, SuperNode authentication) from its kit."),
     "release": ("sealfl.platform.cli.release", "app", "Coordinator: build, gate, sign and attest a release."),
     "partner": ("sealfl.platform.cli.partner", "app",
-                "Partner: check a startup kit and the local data before joining a campaign."),
+                "Partner: check a startup kit and the local data, run the SuperNode that joins campaigns."),
     "device": ("sealfl.platform.cli.device", "app",
                "Device: provision, verify, boot, serve and attest releases in the sandboxed runtime."),
     "verify": ("sealfl.platform.cli.device", "verify_app",
@@ -53,7 +56,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 
 
 #: the entries of :data:`COMMANDS` that are command groups (``sealfl device boot``)
-GROUPS = frozenset({"consortium", "campaign", "release", "partner", "device", "attest", "kbs"})
+GROUPS = frozenset({"consortium", "superlink", "campaign", "release", "partner", "device", "attest", "kbs"})
 
 
 class _LazyGroup(TyperGroup):

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from sealfl.common.errors import Interrupted, SealflError
-from sealfl.platform.cli.options import ConsortiumDir, RayAddress
+from sealfl.platform.cli.options import ConsortiumDir, RayAddress, Superlink
 from sealfl.platform.cli.output import VERBOSE, command_group, console, err, fail, stopped
 from sealfl.platform.supervisor import interruptible
 
@@ -37,10 +37,11 @@ def run(
                                                 "in local training (heart task; default 0)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier campaign in --out."),
     ray_address: RayAddress = None,
+    superlink: Superlink = None,
 ) -> None:
     """Run an encrypted campaign -- FedAvg, or FedAvgM / FedAdam at the key holders with
     --server-opt -- (Flower simulation engine on Ray, in a worker
-    process tree; Ctrl-C or SIGTERM stop it at any moment: exit 130 / 143 with
+    process tree; with --superlink, on partners' SuperNodes through that SuperLink over TLS; Ctrl-C or SIGTERM stop it at any moment: exit 130 / 143 with
     status.json saying 'interrupted' after the last finished round)."""
     with interruptible():  # a signal is acted on where it is safe, from the first import on
         from sealfl.he.server_opt import ServerOpt
@@ -54,7 +55,7 @@ def run(
             spec = CampaignSpec(str(consortium), str(out), rounds=rounds, local_epochs=local_epochs, lr=lr,
                                 min_partners=min_partners, ray_address=ray_address, overwrite=overwrite,
                                 flower_log_level="INFO" if VERBOSE["on"] else "WARNING", server_opt=opt,
-                                proximal_mu=proximal_mu)
+                                proximal_mu=proximal_mu, superlink=superlink)
             res = run_campaign_with_progress(spec, console)
         except Interrupted as exc:
             stopped(exc)

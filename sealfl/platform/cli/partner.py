@@ -36,3 +36,50 @@ def check(
     console.print(f"partner [bold]{k.partner}[/] of consortium {k.consortium} (task {task.name}): HE secret "
                   f"unwrapped (context {k.codec.context_id.hex()[:16]}…, round-trip error {err_max:.1e}); "
                   f"data: {task.n_train(data)} training examples")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@app.command("start")
+def start(
+    kit: Path = typer.Argument(..., help="The partner's startup kit directory (consortium/partners/<name>)."),
+    superlink: str = typer.Option(..., "--superlink", help="HOST:PORT of the consortium's SuperLink."),
+    port: int = typer.Option(0, min=0, max=65535, help="Local port of this SuperNode's ClientApp API on 127.0.0.1 "
+                                                       "(0: a free one; two SuperNodes on one host need two ports)."),
+    log_file: Path = typer.Option(None, "--log", help="SuperNode log (default: supernode-<partner>.log here)."),
+) -> None:
+    """Run a Flower SuperNode with this kit: TLS against the kit's CA, node authentication with
+    the kit's key, the ClientApp loading this kit. Runs until Ctrl-C / SIGTERM (exit 130 / 143,
+    every process it started stopped)."""
+    from sealfl.platform.supervisor import interruptible
+
+    with interruptible():
+        from sealfl.clients.kit import load_kit
+        from sealfl.common.errors import Interrupted, plain_text
+        from sealfl.platform import flwr_cli
+        from sealfl.platform.cli.output import stopped
+        from sealfl.platform.services import run_service, supernode_command
+
+        try:
+            k = load_kit(str(kit.resolve()))  # the kit opens here, before anything connects
+            cmd = supernode_command(kit, superlink, port or _free_port())
+            log_path = log_file or Path(f"supernode-{kit.resolve().name}.log")
+            console.print(f"SuperNode of [bold]{k.partner}[/] joining {superlink} (TLS, node authentication); "
+                          f"log: {log_path}", highlight=False)
+            code = run_service(cmd, log_path=log_path, env=flwr_cli.flower_env())
+        except Interrupted as exc:
+            stopped(Interrupted(exc.signum, f"SuperNode of {kit.resolve().name} stopped by signal"))
+        except (SealflError, OSError) as exc:
+            fail(str(exc))
+    tail = ""
+    try:
+        tail = plain_text("\n".join(log_path.read_text(errors="replace").splitlines()[-3:]), 400)
+    except OSError:
+        pass
+    fail(f"flower-supernode exited {code} ({tail}); see {log_path}")
