@@ -43,7 +43,7 @@ from sealfl.platform.startup_kits import (
     SUPERNODES_FILE,
 )
 
-__all__ = ["superlink_command", "supernode_command", "register_supernodes", "run_service", "check_kit_files",
+__all__ = ["superlink_command", "supernode_command", "supernode_refusal", "register_supernodes", "run_service", "check_kit_files",
            "parse_hostport"]
 
 log = logging.getLogger(__name__)
@@ -89,6 +89,23 @@ def supernode_command(kit: Path, superlink: str, local_port: int, *, data: Path 
     return [flwr_cli.flower_bin("flower-supernode"), "--superlink", superlink, "--root-certificates",
             str(k / CA_FILE), "--auth-supernode-private-key", str(k / SUPERNODE_KEY_FILE),
             "--node-config", flwr_cli.toml_config(node), "--host", "127.0.0.1", "--port", str(local_port)]
+
+
+def supernode_refusal(log_text: str) -> str:
+    """Why a SuperNode stopped, from its log (Flower 1.42's wording): a TLS certificate
+    that does not chain to the kit's CA, an authentication key the SuperLink refused
+    (unregistered, or a SuperNode with that key is online already), or Flower's own
+    ERROR lines. Pure."""
+    from sealfl.common.errors import plain_text
+
+    if "CERTIFICATE_VERIFY_FAILED" in log_text:
+        return ("TLS refused: the SuperLink's certificate does not chain to this kit's ca.crt (a kit of another "
+                "consortium, or a SuperLink with another kit); ask the coordinator for this consortium's kit")
+    if "Failed to activate SuperNode" in log_text:
+        return ("node authentication refused: the SuperLink does not accept this kit's supernode_auth_key (not "
+                "registered by 'sealfl superlink start', or a SuperNode with this key is connected already)")
+    errors = [ln.split("ERROR", 1)[1] for ln in log_text.splitlines() if "ERROR" in ln]
+    return plain_text(" | ".join(e.strip(" :") for e in errors[-3:]), 400) or "no error in its log"
 
 
 def registered_keys(kit: Path) -> list[dict]:

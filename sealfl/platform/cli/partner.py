@@ -61,7 +61,7 @@ def start(
 
     with interruptible():
         from sealfl.clients.kit import load_kit
-        from sealfl.common.errors import Interrupted, plain_text
+        from sealfl.common.errors import Interrupted
         from sealfl.platform import flwr_cli
         from sealfl.platform.cli.output import stopped
         from sealfl.platform.services import run_service, supernode_command
@@ -77,9 +77,10 @@ def start(
             stopped(Interrupted(exc.signum, f"SuperNode of {kit.resolve().name} stopped by signal"))
         except (SealflError, OSError) as exc:
             fail(str(exc))
-    tail = ""
+    from sealfl.platform.services import supernode_refusal
+
     try:
-        tail = plain_text("\n".join(log_path.read_text(errors="replace").splitlines()[-3:]), 400)
+        why = supernode_refusal(log_path.read_text(errors="replace"))
     except OSError:
-        pass
-    fail(f"flower-supernode exited {code} ({tail}); see {log_path}")
+        why = "its log is unreadable"
+    fail(f"SuperNode of {kit.resolve().name} stopped (flower-supernode exit {code}): {why}; log: {log_path}")
