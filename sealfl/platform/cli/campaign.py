@@ -38,6 +38,9 @@ def run(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier campaign in --out."),
     ray_address: RayAddress = None,
     superlink: Superlink = None,
+    prepare_only: bool = typer.Option(False, "--prepare-only", help="Only write the campaign directory and print the "
+                                      "'flwr run .' command that runs it (Flower's own CLI; local simulation "
+                                      "federation or a SuperLink)."),
 ) -> None:
     """Run an encrypted campaign -- FedAvg, or FedAvgM / FedAdam at the key holders with
     --server-opt -- (Flower simulation engine on Ray, in a worker
@@ -56,6 +59,9 @@ def run(
                                 min_partners=min_partners, ray_address=ray_address, overwrite=overwrite,
                                 flower_log_level="INFO" if VERBOSE["on"] else "WARNING", server_opt=opt,
                                 proximal_mu=proximal_mu, superlink=superlink)
+            if prepare_only:
+                _prepare_only(spec)
+                return
             res = run_campaign_with_progress(spec, console)
         except Interrupted as exc:
             stopped(exc)
@@ -64,6 +70,17 @@ def run(
     acc = res.rounds[-1].get("pooled_test_accuracy") if res.rounds else None
     console.print(f"campaign finished: {len(res.rounds)} rounds in {res.seconds:.1f} s, pooled test accuracy "
                   f"{acc if acc is not None else float('nan'):.3f}; checkpoint in {out / 'checkpoint'}")
+
+
+def _prepare_only(spec) -> None:
+    from sealfl.platform.campaign import prepare_campaign
+    from sealfl.platform.flwr_cli import toml_config
+
+    cons, cd = prepare_campaign(spec)
+    rc = toml_config({"campaign-dir": str(cd.dir.resolve()), "consortium-dir": str(cons.dir.resolve())})
+    console.print(f"campaign prepared in {cd.dir}; from the sealfl source tree run it with Flower's CLI:", highlight=False)
+    console.print(f"  flwr run . CONNECTION --federation-config num-supernodes={len(cons.partners)} "
+                  f"--run-config '{rc}'", highlight=False, soft_wrap=True)
 
 
 @app.command("status")
