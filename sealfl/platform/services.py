@@ -77,15 +77,20 @@ def superlink_command(kit: Path, host: str, port: int, database: Path) -> list[s
             "--disable-runtime-dependency-installation", "--host", host, "--port", str(port)]
 
 
-def supernode_command(kit: Path, superlink: str, local_port: int, *, data: Path | None = None) -> list[str]:
+def supernode_command(kit: Path, superlink: str, local_port: int, *, data: Path | None = None,
+                      relay_socket: str | None = None) -> list[str]:
     """The ``flower-supernode`` command line for the partner kit ``kit`` joining ``superlink``
-    (``HOST:PORT``); its own ClientApp API listens on 127.0.0.1:``local_port``."""
+    (``HOST:PORT``); its own ClientApp API listens on 127.0.0.1:``local_port``. With
+    ``relay_socket`` the per-message ClientApp hands each message to the partner process
+    listening there (:mod:`sealfl.clients.relay`)."""
     check_kit_files(kit, [CA_FILE, SUPERNODE_KEY_FILE, "kit.json"], "partner")
     parse_hostport(superlink)
     k = kit.resolve()
     node = {"kit-dir": str(k)}
     if data is not None:
         node["data"] = str(Path(data).resolve())
+    if relay_socket is not None:
+        node["partner-socket"] = relay_socket
     return [flwr_cli.flower_bin("flower-supernode"), "--superlink", superlink, "--root-certificates",
             str(k / CA_FILE), "--auth-supernode-private-key", str(k / SUPERNODE_KEY_FILE),
             "--node-config", flwr_cli.toml_config(node), "--host", "127.0.0.1", "--port", str(local_port)]

@@ -35,10 +35,10 @@ def test_pyproject_declares_the_module_level_apps():
     from flwr.clientapp import ClientApp
     from flwr.serverapp import ServerApp
 
-    import sealfl.clients.app
+    import sealfl.clients.relay
     import sealfl.server.app
 
-    assert isinstance(sealfl.server.app.app, ServerApp) and isinstance(sealfl.clients.app.app, ClientApp)
+    assert isinstance(sealfl.server.app.app, ServerApp) and isinstance(sealfl.clients.relay.app, ClientApp)
 
 
 def test_flwr_run_dot_runs_a_campaign_in_the_local_simulation_federation(tmp_path):
@@ -53,7 +53,9 @@ def test_flwr_run_dot_runs_a_campaign_in_the_local_simulation_federation(tmp_pat
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     home = flwr_cli.write_flwr_home(tmp_path / "home", f"127.0.0.1:{port}", None)
-    senv = flwr_cli.flower_env(env, flwr_home=home)
+    # Flower's simulation calls ray.init(), which joins the last Ray cluster started on this
+    # machine (another user's, on a shared host): a Ray of its own, on loopback
+    senv = {**flwr_cli.flower_env(env, flwr_home=home), "RAY_ADDRESS": "local", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     with open(tmp_path / "superlink.log", "wb") as log:
         sl = subprocess.Popen([flwr_cli.flower_bin("flower-superlink"), "--insecure", "--simulation",
                                "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(port)],

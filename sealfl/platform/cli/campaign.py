@@ -79,7 +79,7 @@ def _prepare_only(spec) -> None:
     cons, cd = prepare_campaign(spec)
     rc = toml_config({"campaign-dir": str(cd.dir.resolve()), "consortium-dir": str(cons.dir.resolve())})
     console.print(f"campaign prepared in {cd.dir}; from the sealfl source tree run it with Flower's CLI:", highlight=False)
-    console.print(f"  flwr run . CONNECTION --federation-config num-supernodes={len(cons.partners)} "
+    console.print(f"  RAY_ADDRESS=local flwr run . CONNECTION --federation-config num-supernodes={len(cons.partners)} "
                   f"--run-config '{rc}'", highlight=False, soft_wrap=True)
 
 

@@ -46,6 +46,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _warm_up(kit) -> None:
+    """Import the partner's handlers and task once, in this long-lived process (what every
+    per-message ClientApp process paid before the relay)."""
+    import sealfl.clients.app  # noqa: F401 - the handlers the relay calls
+    from sealfl.clients.plugins import get_task
+
+    task = get_task(kit.task)
+    task.load_data(kit.partner, task.train_defaults())
+
+
 @app.command("start")
 def start(
     kit: Path = typer.Argument(..., help="The partner's startup kit directory (consortium/partners/<name>)."),
@@ -55,20 +65,31 @@ def start(
     log_file: Path = typer.Option(None, "--log", help="SuperNode log (default: supernode-<partner>.log here)."),
 ) -> None:
     """Run a Flower SuperNode with this kit: TLS against the kit's CA, node authentication with
-    the kit's key, the ClientApp loading this kit. Runs until Ctrl-C / SIGTERM (exit 130 / 143,
+    the kit's key; this process loads the kit, the task and the data once and answers every
+    message the SuperNode's per-message ClientApp relays to it (sealfl.clients.relay). Runs until Ctrl-C / SIGTERM (exit 130 / 143,
     every process it started stopped)."""
     from sealfl.platform.supervisor import interruptible
 
     with interruptible():
+        import os
+        import shutil
+        import tempfile
+
         from sealfl.clients.kit import load_kit
+        from sealfl.clients.relay import PartnerRelay
         from sealfl.common.errors import Interrupted
         from sealfl.platform import flwr_cli
         from sealfl.platform.cli.output import stopped
         from sealfl.platform.services import run_service, supernode_command
 
+        relay_dir = tempfile.mkdtemp(prefix="sealfl-partner-")  # mode 0700: the relay socket's directory
+        relay = None
         try:
             k = load_kit(str(kit.resolve()))  # the kit opens here, before anything connects
-            cmd = supernode_command(kit, superlink, port or _free_port())
+            relay = PartnerRelay(os.path.join(relay_dir, "relay.sock"), {"kit-dir": str(kit.resolve())})
+            _warm_up(k)
+            relay.start()
+            cmd = supernode_command(kit, superlink, port or _free_port(), relay_socket=relay.path)
             log_path = log_file or Path(f"supernode-{kit.resolve().name}.log")
             console.print(f"SuperNode of [bold]{k.partner}[/] joining {superlink} (TLS, node authentication); "
                           f"log: {log_path}", highlight=False)
@@ -77,6 +98,10 @@ def start(
             stopped(Interrupted(exc.signum, f"SuperNode of {kit.resolve().name} stopped by signal"))
         except (SealflError, OSError) as exc:
             fail(str(exc))
+        finally:
+            if relay is not None:
+                relay.close()
+            shutil.rmtree(relay_dir, ignore_errors=True)
     from sealfl.platform.services import supernode_refusal
 
     try:
