@@ -181,6 +181,24 @@ def test_four_tls_supernodes_run_the_encrypted_campaign_to_the_simulations_model
     assert np.array_equal(m_dep, m_sim) and np.any(m_dep != 0)  # BFV: bit for bit
 
 
+def test_ctrl_c_stops_a_deployed_campaign_after_a_round_and_the_run_on_the_superlink(federation):
+    fed = federation
+    d, cons = fed["dir"], fed["cons"]
+    camp = _sealfl(["campaign", "run", "-c", cons.dir, "--out", d / "stopped", "--rounds", 20,
+                    "--superlink", f"127.0.0.1:{fed['port']}"], d / "stopped.out")
+    cd = CampaignDir(d / "stopped")
+    _wait(lambda: cd.rounds_path.exists() and cd.rounds() or camp.poll() is not None, "round 1", 300)
+    camp.send_signal(signal.SIGINT)
+    assert camp.wait(timeout=120) == 130, (d / "stopped.out").read_text()
+    said = (d / "stopped.out").read_text()
+    assert "interrupted:" in said and "checkpoint of round" in said
+    status = cd.read_status()
+    assert status["status"] == "interrupted" and status["round"] == cd.read_checkpoint().round >= 1
+    run_id = status["deployment"]["run_id"]
+    doc = flwr_cli.flwr_json(["ls", flwr_cli.CONNECTION, "--run-id", str(run_id)], fed["home"])
+    assert doc["runs"][0]["status"].startswith("finished:"), doc  # stopped on the SuperLink, not left running
+
+
 def test_sigterm_stops_the_superlink_and_every_supernode_leaving_no_process(federation):
     procs = federation["procs"]
     trees = {name: _descendants(p.pid) for name, p in procs.items()}
