@@ -77,8 +77,7 @@ def superlink_command(kit: Path, host: str, port: int, database: Path) -> list[s
             "--disable-runtime-dependency-installation", "--host", host, "--port", str(port)]
 
 
-def supernode_command(kit: Path, superlink: str, local_port: int, *, data: Path | None = None,
-                      relay_socket: str | None = None) -> list[str]:
+def supernode_command(kit: Path, superlink: str, local_port: int, *, relay_socket: str | None = None) -> list[str]:
     """The ``flower-supernode`` command line for the partner kit ``kit`` joining ``superlink``
     (``HOST:PORT``); its own ClientApp API listens on 127.0.0.1:``local_port``. With
     ``relay_socket`` the per-message ClientApp hands each message to the partner process
@@ -87,8 +86,6 @@ def supernode_command(kit: Path, superlink: str, local_port: int, *, data: Path 
     parse_hostport(superlink)
     k = kit.resolve()
     node = {"kit-dir": str(k)}
-    if data is not None:
-        node["data"] = str(Path(data).resolve())
     if relay_socket is not None:
         node["partner-socket"] = relay_socket
     return [flwr_cli.flower_bin("flower-supernode"), "--superlink", superlink, "--root-certificates",
@@ -109,8 +106,9 @@ def supernode_refusal(log_text: str) -> str:
     if "Failed to activate SuperNode" in log_text:
         return ("node authentication refused: the SuperLink does not accept this kit's supernode_auth_key (not "
                 "registered by 'sealfl superlink start', or a SuperNode with this key is connected already)")
-    errors = [ln.split("ERROR", 1)[1] for ln in log_text.splitlines() if "ERROR" in ln]
-    return plain_text(" | ".join(e.strip(" :") for e in errors[-3:]), 400) or "no error in its log"
+    lines = [plain_text(ln) for ln in log_text.splitlines()]
+    errors = [ln.split("ERROR", 1)[1].strip(" :") for ln in lines if "ERROR" in ln]
+    return plain_text(" | ".join(errors[-3:]), 400) or "no error in its log"
 
 
 def registered_keys(kit: Path) -> list[dict]:
