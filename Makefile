@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.sealfl-installed
 
-.PHONY: demo test install bench bench-llm clean llm-deps llm-demo
+.PHONY: demo test install bench bench-deploy bench-llm clean llm-deps llm-demo
 
 # scripts/install-faketime.sh: faketime for the TUF conformance suite's expiry tests.
 # scripts/install-tpm.sh: swtpm + tpm2-tools (apt) for the device `tpm` backend; the TPM
@@ -43,6 +43,10 @@ test: $(STAMP)
 # Every bench/*.py (bench/run_all.py), one table, bench/results/summary.json (< 20 min here).
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
+
+# Deployment engine (TLS SuperNodes) vs simulation, one encrypted heart campaign each (issue 19).
+bench-deploy: $(STAMP)
+	$(BIN)/python bench/deploy_bench.py
 
 # The LLM serving benchmark against llama.cpp (issue 7); needs llm-out/ from `make llm-demo`.
 bench-llm: $(STAMP)

@@ -20,10 +20,16 @@ declared, parameters and feature statistics must lie within the task's bounds, a
 everything is rounded to the task's grids -- so the model it trains from, and the loss
 and accuracy it reports (rounded to the metric grid too), carry no decryption noise.
 
-Which partner a node is: ``node_config["partner"]`` (deployment) or
-``node_config["partition-id"]`` (simulation: index into the consortium's partner list).
-The consortium directory: ``node_config["consortium-dir"]`` or the one given to
-:func:`make_client_app`.
+Which partner a node is: ``node_config["kit-dir"]`` (a SuperNode started by ``sealfl
+partner start KIT``: the kit says who it is), else ``node_config["partner"]`` or
+``node_config["partition-id"]`` (simulation: index into the consortium's partner list)
+within the consortium directory ``node_config["consortium-dir"]``, the one given to
+:func:`make_client_app`, or ``run_config["consortium-dir"]`` (``flwr run .`` in the
+local simulation federation).
+
+:data:`app` is the module-level ClientApp that ``[tool.flwr.app.components]`` in
+``pyproject.toml`` names (``flwr run``, SuperNodes); :func:`make_client_app` builds the
+same handlers around a default consortium directory (``sealfl campaign run`` in simulation).
 """
 
 from __future__ import annotations
@@ -69,9 +75,14 @@ def task_of(kit: PartnerKit):
 
 def _resolve(context: Context, default_dir: str | None) -> tuple[PartnerKit, str]:
     cfg = context.node_config
-    cdir = str(cfg.get("consortium-dir", default_dir or ""))
+    if "kit-dir" in cfg:  # a SuperNode started with its own kit (sealfl partner start KIT)
+        kit = load_kit(str(Path(str(cfg["kit-dir"])).resolve()))
+        return kit, kit.partner
+    run_cfg = getattr(context, "run_config", None) or {}
+    cdir = str(cfg.get("consortium-dir", default_dir or run_cfg.get("consortium-dir", "") or ""))
     if not cdir:
-        raise ClientError("no consortium directory: set node_config 'consortium-dir'")
+        raise ClientError("no partner kit: set node_config 'kit-dir' (sealfl partner start KIT) or 'consortium-dir' "
+                          "(node or run config)")
     if "partner" in cfg:
         name = str(cfg["partner"])
     else:
@@ -400,3 +411,7 @@ def make_client_app(consortium_dir: str | None = None) -> ClientApp:
 
 def _array(blob: bytes) -> Array:
     return Array(P.to_u8(blob))
+
+
+#: the module-level ClientApp (``clientapp = "sealfl.clients.app:app"`` in pyproject.toml)
+app = make_client_app()

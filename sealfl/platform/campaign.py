@@ -84,6 +84,8 @@ class CampaignSpec:
             2020; ``None``: the task's default, 0); only for tasks whose training settings
             include ``proximal-mu``.
         dp: record-level DP (:class:`DPSpec`; None: off).
+        superlink: ``HOST:PORT`` of a SuperLink (``sealfl superlink start``): the campaign
+            is submitted there (:mod:`sealfl.platform.deployed`) instead of simulated on Ray.
     """
 
     consortium_dir: str
@@ -106,6 +108,7 @@ class CampaignSpec:
     dp: DPSpec | None = None
     #: the ``dp-*`` round-config entries :func:`plan_dp` fixed (set by :func:`preflight`)
     dp_round_config: dict = field(default_factory=dict)
+    superlink: str | None = None
 
 
 @dataclass
@@ -260,6 +263,36 @@ def train_config(task, spec: CampaignSpec) -> dict:
     return {**train, **spec.server_opt.to_config(), **spec.extra, **spec.dp_round_config}
 
 
+def prepare_campaign(spec: CampaignSpec) -> tuple[Consortium, CampaignDir]:
+    """Check ``spec`` (:func:`preflight`) and write the campaign directory the aggregator
+    reads (``server_config.json``, a fresh status). Both runtimes start from it.
+
+    Raises ConsortiumError, CampaignError (bad settings, a campaign already there) or
+    Interrupted (a signal came before anything was written).
+    """
+    cons, min_partners = preflight(spec)
+    if requested():
+        raise Interrupted(requested(), f"campaign stopped by {signal_name(requested())} before it started; "
+                                       f"nothing was written to {spec.out_dir}")
+    cd = CampaignDir(spec.out_dir)
+    try:
+        cd.prepare(spec.rounds, overwrite=spec.overwrite, owner=identity())
+    except CampaignDirError as exc:
+        raise CampaignError(str(exc)) from exc
+    task = get_task(cons.task)
+    n = len(cons.partners)
+    config = ServerConfig(
+        campaign_dir=str(cd.dir.resolve()), public_context=str(cons.public_context.resolve()),
+        context_id=cons.context_id, he=cons.he_params.to_dict(), num_partners=n, min_partners=min_partners,
+        num_rounds=spec.rounds, n_params=task.n_params, stats_length=task.stats_length,
+        initial_params=task.init_params().tolist(), train=train_config(task, spec),
+        timeout_s=spec.timeout_s, partners=list(cons.partners), partner_keys=partner_public_keys(cons),
+        max_examples=spec.max_examples,
+    )
+    cd.write_config(config.to_dict())
+    return cons, cd
+
+
 def run_campaign(spec: CampaignSpec, on_round: Callable[[dict], None] | None = None, *,
                  client_app: str | None = None, client_app_kwargs: dict | None = None,
                  app_dir: str | None = None) -> CampaignResult:
@@ -281,27 +314,14 @@ def run_campaign(spec: CampaignSpec, on_round: Callable[[dict], None] | None = N
         Interrupted: SIGINT/SIGTERM (inside :func:`~sealfl.platform.supervisor.interruptible`);
             ``status.json`` says ``interrupted`` with the last finished round.
     """
-    cons, min_partners = preflight(spec)
+    if spec.superlink:
+        from sealfl.platform.deployed import run_deployed_campaign
+
+        return run_deployed_campaign(spec, on_round)
+    preflight(spec)  # settings before Ray's address (as before); prepare_campaign checks again
     plan = plan_ray(spec.ray_address, spec.cpus_per_partner)
-    if requested():
-        raise Interrupted(requested(), f"campaign stopped by {signal_name(requested())} before it started; "
-                                       f"nothing was written to {spec.out_dir}")
-    cd = CampaignDir(spec.out_dir)
-    try:
-        cd.prepare(spec.rounds, overwrite=spec.overwrite, owner=identity())
-    except CampaignDirError as exc:
-        raise CampaignError(str(exc)) from exc
-    task = get_task(cons.task)
+    cons, cd = prepare_campaign(spec)
     n = len(cons.partners)
-    config = ServerConfig(
-        campaign_dir=str(cd.dir.resolve()), public_context=str(cons.public_context.resolve()),
-        context_id=cons.context_id, he=cons.he_params.to_dict(), num_partners=n, min_partners=min_partners,
-        num_rounds=spec.rounds, n_params=task.n_params, stats_length=task.stats_length,
-        initial_params=task.init_params().tolist(), train=train_config(task, spec),
-        timeout_s=spec.timeout_s, partners=list(cons.partners), partner_keys=partner_public_keys(cons),
-        max_examples=spec.max_examples,
-    )
-    cd.write_config(config.to_dict())
     job = {"kind": "campaign", "campaign_dir": str(cd.dir.resolve()), "consortium_dir": str(cons.dir.resolve()),
            "num_supernodes": n, "client_app": client_app, "client_app_kwargs": client_app_kwargs or {},
            "app_dir": app_dir, "ray": plan, "flower_log_level": spec.flower_log_level}

@@ -7,6 +7,8 @@
     partners/<slug>/kit.json        see sealfl.clients.kit
     partners/<slug>/partner_key.pem partner's P-256 private key (0600)
     partners/<slug>/he_secret.wrapped  HE secret context wrapped to that key
+    superlink/, authority/, partners/<slug>/{ca.crt,supernode_auth_key*,README.md}, aggregator/{ca.crt,README.md}
+                                    Flower deployment kits (sealfl.platform.startup_kits)
 
 Consortia of sealfl 0.1 are read too, for one release: ``"ckks"`` for ``"he"`` in the JSON
 files, ``aggregator/public.ckks`` and ``ckks_secret.wrapped`` (:data:`OLD_NAMES`).
@@ -116,7 +118,8 @@ class Consortium:
 
 
 def create_consortium(d: str | Path, name: str, partners: list[str], *, params: codecs.Params | None = None,
-                      task: str = "heart") -> tuple[Consortium, codecs.Codec]:
+                      task: str = "heart", superlink_hosts: list[str] | tuple[str, ...] | None = None
+                      ) -> tuple[Consortium, codecs.Codec]:
     """Run the key ceremony and write the consortium directory.
 
     ``params`` picks the HE scheme (:mod:`sealfl.he.codecs`; default packed BFV).
@@ -125,7 +128,15 @@ def create_consortium(d: str | Path, name: str, partners: list[str], *, params: 
     Raises ConsortiumError if ``d`` is not empty, partner names collide (also after
     mapping to directory names), ``task`` is not a registered task
     (:mod:`sealfl.clients.plugins`), or a partner has no data for it.
+
+    The deployment parts of the kits (consortium CA, SuperLink TLS certificate for
+    ``superlink_hosts`` -- default 127.0.0.1 and localhost --, SuperNode authentication
+    keys, READMEs) are written by :func:`sealfl.platform.startup_kits.write_startup_kits`.
     """
+    from sealfl.platform.startup_kits import DEFAULT_SUPERLINK_HOSTS, san_entries, write_startup_kits
+
+    superlink_hosts = tuple(superlink_hosts or DEFAULT_SUPERLINK_HOSTS)
+    san_entries(superlink_hosts)
     d = Path(d)
     if (d / CONSORTIUM_FILE).exists():
         raise ConsortiumError(f"{d} already holds a consortium; choose another directory")
@@ -164,6 +175,7 @@ def create_consortium(d: str | Path, name: str, partners: list[str], *, params: 
             "partner": partner, "index": i, "consortium": name, HE_PARAMS_KEY: codec.params.to_dict(),
             "context_id": codec.context_id.hex(), "task": task,
         }, indent=2).encode(), 0o644)
+    write_startup_kits(d, name, partners, superlink_hosts)
     atomic_write(d / CONSORTIUM_FILE, json.dumps({
         "name": name, "partners": partners, HE_PARAMS_KEY: codec.params.to_dict(),
         "context_id": codec.context_id.hex(), "task": task, "created": time.time(),

@@ -3,7 +3,7 @@
 from sealfl.common.errors import Interrupted, SealflError, signal_name  # noqa: F401  (Interrupted, signal_name: moved to sealfl.common.errors in 0.2; re-exported for one release)
 
 __all__ = ["PlatformError", "ConsortiumError", "CampaignError", "ReleaseError", "QuantizeError", "OnnxReferenceError",
-           "SimulationError", "WorkerError"]
+           "SimulationError", "WorkerError", "DeploymentError"]
 
 
 class PlatformError(SealflError):
@@ -39,3 +39,8 @@ class SimulationError(PlatformError):
 class WorkerError(SimulationError):
     """The worker process that runs Flower and Ray failed or died; the message says how
     and names its log file."""
+
+
+class DeploymentError(PlatformError):
+    """A Flower deployment process (SuperLink, SuperNode) or ``flwr`` command failed, or a
+    deployed run did not finish; the message says which and where its log is."""

@@ -15,7 +15,8 @@ def run_campaign_with_progress(spec: CampaignSpec, console: Console, **kwargs) -
     preflight(spec)  # fail on bad settings before drawing a progress bar
     with Progress(TextColumn("[bold]encrypted rounds"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.description}"), console=console, transient=False) as bar:
-        task = bar.add_task("starting Ray + Flower, statistics round…", total=spec.rounds)
+        task = bar.add_task(f"submitting to the SuperLink {spec.superlink}, statistics round…" if spec.superlink
+                            else "starting Ray + Flower, statistics round…", total=spec.rounds)
 
         def on_round(rec: dict) -> None:
             rej = rec.get("rejected") or {}

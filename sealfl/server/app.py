@@ -240,3 +240,8 @@ def make_server_app(cfg: ServerConfig | None = None) -> ServerApp:
         run_server(grid, conf)
 
     return app
+
+
+#: the module-level ServerApp (``serverapp = "sealfl.server.app:app"`` in pyproject.toml):
+#: ``run_config["campaign-dir"]`` names a campaign directory prepared by ``sealfl campaign run``
+app = make_server_app()

@@ -3,6 +3,7 @@
 =================  =====================================================================
 ``consortium``     coordinator: create a consortium (:mod:`.consortium`)
 ``campaign``       coordinator: run and watch encrypted campaigns (:mod:`.campaign`)
+``superlink``      coordinator: run the SuperLink from its kit (:mod:`.superlink`)
 ``release``        coordinator: build, gate, sign and attest a release (:mod:`.release`)
 ``repo``           coordinator: the TUF repository devices update from (:mod:`.repo`)
 ``partner``        partner: check a startup kit and the local data (:mod:`.partner`)
@@ -38,11 +39,13 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                    "Coordinator: create a consortium (HE key ceremony, partner kits, release enclave)."),
     "campaign": ("sealfl.platform.cli.campaign", "app",
                  "Coordinator: run encrypted campaigns on Ray (FedAvg, or FedAvgM / FedAdam at the key holders)."),
+    "superlink": ("sealfl.platform.cli.superlink", "app",
+                  "Coordinator: run the consortium's SuperLink (TLS, SuperNode authentication) from its kit."),
     "release": ("sealfl.platform.cli.release", "app", "Coordinator: build, gate, sign and attest a release."),
     "repo": ("sealfl.platform.cli.repo", "app",
              "Coordinator: the TUF repository devices update from (init, publish, serve, rotate)."),
     "partner": ("sealfl.platform.cli.partner", "app",
-                "Partner: check a startup kit and the local data before joining a campaign."),
+                "Partner: check a startup kit and the local data, run the SuperNode that joins campaigns."),
     "device": ("sealfl.platform.cli.device", "app",
                "Device: provision, verify, boot, serve and attest releases in the sandboxed runtime."),
     "verify": ("sealfl.platform.cli.device", "verify_app",
@@ -59,7 +62,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 
 
 #: the entries of :data:`COMMANDS` that are command groups (``sealfl device boot``)
-GROUPS = frozenset({"consortium", "campaign", "release", "repo", "partner", "device", "attest", "kbs"})
+GROUPS = frozenset({"consortium", "superlink", "campaign", "release", "repo", "partner", "device", "attest", "kbs"})
 
 
 class _LazyGroup(TyperGroup):

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from sealfl.common.errors import Interrupted, SealflError
-from sealfl.platform.cli.options import ConsortiumDir, RayAddress
+from sealfl.platform.cli.options import ConsortiumDir, RayAddress, Superlink
 from sealfl.platform.cli.output import VERBOSE, command_group, console, err, fail, stopped
 from sealfl.platform.supervisor import interruptible
 
@@ -47,10 +47,14 @@ def run(
     dp_sampling_rate: float = typer.Option(0.1, help="DP: each record's Poisson inclusion probability per round."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier campaign in --out."),
     ray_address: RayAddress = None,
+    superlink: Superlink = None,
+    prepare_only: bool = typer.Option(False, "--prepare-only", help="Only write the campaign directory and print the "
+                                      "'flwr run .' command that runs it (Flower's own CLI; local simulation "
+                                      "federation or a SuperLink)."),
 ) -> None:
     """Run an encrypted campaign -- FedAvg, or FedAvgM / FedAdam at the key holders with
     --server-opt -- (Flower simulation engine on Ray, in a worker
-    process tree; Ctrl-C or SIGTERM stop it at any moment: exit 130 / 143 with
+    process tree; with --superlink, on partners' SuperNodes through that SuperLink over TLS; Ctrl-C or SIGTERM stop it at any moment: exit 130 / 143 with
     status.json saying 'interrupted' after the last finished round)."""
     with interruptible():  # a signal is acted on where it is safe, from the first import on
         from sealfl.he.server_opt import ServerOpt
@@ -68,7 +72,10 @@ def run(
             spec = CampaignSpec(str(consortium), str(out), rounds=rounds, local_epochs=local_epochs, lr=lr,
                                 min_partners=min_partners, ray_address=ray_address, overwrite=overwrite,
                                 flower_log_level="INFO" if VERBOSE["on"] else "WARNING", server_opt=opt,
-                                proximal_mu=proximal_mu, dp=dp)
+                                proximal_mu=proximal_mu, dp=dp, superlink=superlink)
+            if prepare_only:
+                _prepare_only(spec)
+                return
             res = run_campaign_with_progress(spec, console)
         except Interrupted as exc:
             stopped(exc)
@@ -81,6 +88,17 @@ def run(
     if isinstance(priv, dict):
         console.print(f"record-level DP: ε = {priv.get('epsilon', float('nan')):.4f}, δ = {priv.get('delta')} after "
                       f"{priv.get('rounds')} noised rounds ({priv.get('accountant')})")
+
+
+def _prepare_only(spec) -> None:
+    from sealfl.platform.campaign import prepare_campaign
+    from sealfl.platform.flwr_cli import toml_config
+
+    cons, cd = prepare_campaign(spec)
+    rc = toml_config({"campaign-dir": str(cd.dir.resolve()), "consortium-dir": str(cons.dir.resolve())})
+    console.print(f"campaign prepared in {cd.dir}; from the sealfl source tree run it with Flower's CLI:", highlight=False)
+    console.print(f"  RAY_ADDRESS=local flwr run . CONNECTION --federation-config num-supernodes={len(cons.partners)} "
+                  f"--run-config '{rc}'", highlight=False, soft_wrap=True)
 
 
 @app.command("status")

@@ -32,6 +32,10 @@ def create(
     tee: str = typer.Option("sim", "--tee", help="The release enclave's TEE: 'sim' (an INSECURE, labelled "
                             "simulation for tests and demos) or 'tpm' (TPM 2.0 via SEALFL_TPM_TCTI; the "
                             "release-enclave role's handles, see README 'Device trust on a TPM 2.0')."),
+    superlink_host: Optional[list[str]] = typer.Option(None, "--superlink-host",
+                                                       help="Name or IP address partners reach the SuperLink at "
+                                                            "(repeat; the TLS certificate's SAN). Default: 127.0.0.1 "
+                                                            "and localhost."),
 ) -> None:
     """Run the HE key ceremony, write one startup kit per partner, provision the release
     enclave (HE secret sealed in it) and export the device trust anchors."""
@@ -52,7 +56,7 @@ def create(
     try:
         name = name or task
         cons, codec = create_consortium(directory, name, list(partner or get_task(task).partners), task=task,
-                                        params=params_for(he))
+                                        params=params_for(he), superlink_hosts=superlink_host)
         provision_release_enclave(cons, codec.secret_context_bytes(), backend=tee)
     except SealflError as exc:
         fail(str(exc))
@@ -60,4 +64,5 @@ def create(
         fail(f"cannot create the consortium in {directory}: {exc.strerror or exc}"
              f"{' (' + str(exc.filename) + ')' if exc.filename else ''}; choose a directory you can write")
     console.print(f"consortium [bold]{name}[/] in {directory}: partners {', '.join(cons.partners)}; "
-                  f"device trust anchors in {trust_dir(cons)}")
+                  f"device trust anchors in {trust_dir(cons)}; startup kits: {directory / 'superlink'}, "
+                  f"{directory / 'aggregator'}, {directory / 'partners'}/<name> (each with a README)")

@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 
-__all__ = ["TrustDir", "StateDir", "ReleaseDir", "ConsortiumDir", "RayAddress", "Variant", "KeyBroker", "Tee"]
+__all__ = ["TrustDir", "StateDir", "ReleaseDir", "ConsortiumDir", "RayAddress", "Superlink", "Variant", "KeyBroker", "Tee"]
 
 TrustDir = Annotated[Path, typer.Option("--trust", "-t", help="Pinned trust anchors directory.")]
 StateDir = Annotated[Path, typer.Option("--state", "-s", help="Device state directory (TEE, slots, last good "
@@ -21,6 +21,8 @@ ReleaseDir = Annotated[Path, typer.Option("--release", "-r", help="Release direc
 ConsortiumDir = Annotated[Path, typer.Option("--consortium", "-c", help="Consortium directory.")]
 RayAddress = Annotated[Optional[str], typer.Option("--ray-address", envvar="RAY_ADDRESS",
                                                    help="Attach to this Ray cluster instead of a local Ray.")]
+Superlink = Annotated[Optional[str], typer.Option("--superlink", help="HOST:PORT of the consortium's SuperLink "
+                                                 "(sealfl superlink start); TLS checked against the kit's ca.crt.")]
 Variant = Annotated[Optional[str], typer.Option("--variant", help="Model variant of a causal-LM release (default: "
                                                                   "its default, int4).")]
 KeyBroker = Annotated[Optional[str], typer.Option("--key-broker", help="Key broker URL for a release encrypted at "

@@ -1,0 +1,61 @@
+"""``sealfl superlink``: the coordinator runs the consortium's SuperLink from its kit."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import typer
+
+from sealfl.common.errors import Interrupted, SealflError
+from sealfl.platform.cli.output import command_group, console, fail, stopped
+from sealfl.platform.supervisor import interruptible
+
+__all__ = ["app"]
+
+app = command_group("superlink")
+
+
+def _accepts(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+@app.command("start")
+def start(
+    kit: Path = typer.Argument(..., help="The SuperLink kit (<consortium>/superlink)."),
+    host: str = typer.Option("127.0.0.1", help="Address to listen on (Fleet, Control and ServerApp API: one port)."),
+    port: int = typer.Option(9092, min=1, max=65535, help="Port to listen on."),
+    state: Path = typer.Option(Path("superlink-state"), "--state",
+                               help="Directory for the SuperLink's database (runs and nodes survive a restart) and "
+                                    "its log."),
+) -> None:
+    """Run flower-superlink with the kit's TLS certificate, SuperNode authentication and a
+    database; register the kit's SuperNode keys; run until Ctrl-C / SIGTERM (exit 130 / 143,
+    every process it started stopped)."""
+    with interruptible():
+        from sealfl.platform import flwr_cli
+        from sealfl.platform.services import register_supernodes, run_service, superlink_command
+
+        try:
+            state.mkdir(parents=True, exist_ok=True, mode=0o700)
+            cmd = superlink_command(kit, host, port, state / "superlink.db")
+            log_path = state / "superlink.log"
+            connect = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+            home = flwr_cli.write_flwr_home(state / "flwr-home", f"{connect}:{port}", kit / "ca.crt")
+
+            def ready() -> None:
+                names = register_supernodes(kit, home, state / "registered")
+                console.print(f"SuperLink on {host}:{port} (TLS, SuperNode authentication; state {state}); "
+                              f"{len(names)} SuperNode key(s) registered now; log: {log_path}", highlight=False)
+
+            code = run_service(cmd, log_path=log_path, env=flwr_cli.flower_env(flwr_home=home),
+                               ready=lambda: _accepts(connect, port), on_ready=ready)
+        except Interrupted as exc:
+            stopped(Interrupted(exc.signum, f"SuperLink on {host}:{port} stopped by signal; state kept in {state}"))
+        except (SealflError, OSError) as exc:
+            fail(str(exc))
+    fail(f"flower-superlink exited {code}; see {log_path}")

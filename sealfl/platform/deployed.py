@@ -1,0 +1,141 @@
+"""A campaign submitted to a SuperLink (``sealfl campaign run --superlink HOST:PORT``).
+
+The same campaign directory as a simulated campaign (:func:`sealfl.platform.campaign.prepare_campaign`
+writes it; the ServerApp on the SuperLink writes status.json, rounds.jsonl and checkpoints),
+submitted as ``flwr run`` does (Flower's Control API over TLS, checked against the
+aggregator kit's ``ca.crt``) with ``--run-config campaign-dir=...``. The coordinator then
+polls the run (``flwr ls --run-id``) and the round log until the run ends.
+
+The ServerApp runs in a ``flwr-serverapp`` process started by the SuperLink's SuperExec
+on the SuperLink's host: the campaign directory must be a path that host can write (the
+coordinator runs the SuperLink; on one machine this is automatic).
+
+Stopped by SIGINT/SIGTERM: the run is stopped on the SuperLink (``flwr stop``), the
+directory is levelled with its last committed round and marked ``interrupted`` (exit
+130/143 from the CLI), as in simulation.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Callable
+
+from sealfl.common.errors import Interrupted, signal_name
+from sealfl.platform import flwr_cli
+from sealfl.platform.errors import CampaignError, DeploymentError
+from sealfl.platform.startup_kits import CA_FILE
+
+log = logging.getLogger(__name__)
+
+__all__ = ["run_deployed_campaign", "RUN_DIR"]
+
+#: inside the campaign directory: the app directory and FLWR_HOME of the submission
+RUN_DIR = "flwr"
+#: seconds between run-status polls (each is one ``flwr ls`` process, ~1 s of CPU)
+POLL_S = 3.0
+
+
+def run_state(doc: dict, run_id: int) -> tuple[str, str]:
+    """(status, details) of run ``run_id`` in a ``flwr ls --run-id --format json`` answer,
+    e.g. ``("finished:completed", "N/A")``. Raises DeploymentError if the run is not listed."""
+    for r in doc.get("runs") or []:
+        if isinstance(r, dict) and str(r.get("run-id")) == str(run_id):
+            return str(r.get("status", "")), str(r.get("status-details", ""))
+    raise DeploymentError(f"the SuperLink does not list run {run_id}")
+
+
+def run_deployed_campaign(spec, on_round: Callable[[dict], None] | None = None):
+    """Run ``spec`` (a :class:`~sealfl.platform.campaign.CampaignSpec` with ``superlink``)
+    on the SuperLink to the end. Returns a :class:`~sealfl.platform.campaign.CampaignResult`.
+
+    Raises ConsortiumError/CampaignError (as :func:`~sealfl.platform.campaign.run_campaign`),
+    DeploymentError (the SuperLink cannot be reached or refused the run), Interrupted.
+    """
+    from sealfl.platform.campaign import CampaignResult, _interrupted, prepare_campaign
+    from sealfl.platform.services import parse_hostport
+    from sealfl.platform.supervisor import requested
+
+    parse_hostport(spec.superlink)
+    cons, cd = prepare_campaign(spec)
+    ca = cons.dir / "aggregator" / CA_FILE
+    if not ca.is_file():
+        raise CampaignError(f"the aggregator kit has no {CA_FILE} ({ca}); create the consortium with this sealfl "
+                            "version ('sealfl consortium create')")
+    run_dir = cd.dir / RUN_DIR
+    app = flwr_cli.write_app(run_dir / "app")
+    home = flwr_cli.write_flwr_home(run_dir / "home", spec.superlink, ca)
+    run_config = {"campaign-dir": str(cd.dir.resolve()), "consortium-dir": ""}
+    t0 = time.perf_counter()
+    try:
+        doc = flwr_cli.flwr_json(["run", str(app), flwr_cli.CONNECTION, "--run-config",
+                                  flwr_cli.toml_config(run_config)], home)
+    except DeploymentError as exc:
+        cd.mark_failed(str(exc))
+        raise DeploymentError(f"the SuperLink at {spec.superlink} refused the campaign: {exc}") from exc
+    run_id = int(doc["run-id"])
+    cd.amend_status(deployment={"superlink": spec.superlink, "run_id": run_id, "tls": True, "node_auth": True})
+    log.info("campaign submitted to %s as run %d", spec.superlink, run_id)
+    seen = 0
+    last_poll = 0.0
+    state = "pending"
+    details = ""
+    while True:
+        sig = requested()
+        if sig:
+            _stop(run_id, home)
+            raise _interrupted(cd, sig) from None
+        rounds = cd.rounds()
+        if on_round is not None:
+            for rec in rounds[seen:]:
+                try:
+                    on_round(rec)
+                except Exception:  # a progress display never stops the campaign
+                    log.exception("progress callback failed")
+        seen = max(seen, len(rounds))
+        if time.monotonic() - last_poll >= POLL_S:
+            last_poll = time.monotonic()
+            try:
+                state, details = run_state(flwr_cli.flwr_json(["ls", flwr_cli.CONNECTION, "--run-id", str(run_id)],
+                                                              home), run_id)
+            except DeploymentError as exc:
+                log.warning("cannot read the state of run %d: %s", run_id, exc)
+            if state.startswith("finished"):
+                break
+        time.sleep(0.25)
+    if on_round is not None:
+        for rec in cd.rounds()[seen:]:
+            on_round(rec)
+    seconds = time.perf_counter() - t0
+    cd.recover()
+    status = cd.read_status()
+    if status.get("status") != "finished":
+        why = status.get("error") or (f"the run ended {state} ({details}); 'flwr log {run_id}' on the SuperLink "
+                                      "host shows the ServerApp's output")
+        status = cd.mark_failed(why)
+        raise CampaignError(f"campaign in {cd.dir} did not finish: {status.get('error')}")
+    if requested():
+        raise Interrupted(requested(), f"campaign {cd.dir} had finished all {status.get('num_rounds')} rounds when "
+                                       f"{signal_name(requested())} arrived; it is complete")
+    return CampaignResult(cd.dir, status, cd.rounds(), seconds, {}, None)
+
+
+def _stop(run_id: int, home: Path, wait_s: float = 30.0) -> None:
+    """Stop the run on the SuperLink and wait (at most ``wait_s``) until it is finished, so
+    no ServerApp writes the campaign directory while it is levelled."""
+    try:
+        flwr_cli.flwr_json(["stop", str(run_id), flwr_cli.CONNECTION], home, timeout_s=30.0)
+    except DeploymentError as exc:
+        log.warning("could not stop run %d on the SuperLink: %s", run_id, exc)
+        return
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            state, _ = run_state(flwr_cli.flwr_json(["ls", flwr_cli.CONNECTION, "--run-id", str(run_id)], home), run_id)
+        except DeploymentError:
+            return
+        if state.startswith("finished"):
+            return
+        time.sleep(0.5)
+    log.warning("run %d was still running %.0f s after the stop request", run_id, wait_s)

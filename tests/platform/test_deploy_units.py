@@ -1,0 +1,56 @@
+"""The pure parts of the deployment runtime: command lines, addresses, Flower's answers and logs."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from sealfl.platform import flwr_cli
+from sealfl.platform.consortium import create_consortium
+from sealfl.platform.deployed import run_state
+from sealfl.platform.errors import DeploymentError
+from sealfl.platform.services import parse_hostport, superlink_command, supernode_command, supernode_refusal
+
+
+def test_hostport_is_parsed_and_nonsense_refused():
+    assert parse_hostport("127.0.0.1:9092") == ("127.0.0.1", 9092)
+    assert parse_hostport("[::1]:443") == ("::1", 443)
+    for bad in ("127.0.0.1", ":9092", "host:0", "host:65536", "host:x"):
+        with pytest.raises(DeploymentError, match="HOST:PORT"):
+            parse_hostport(bad)
+
+
+def test_command_lines_use_the_kit_tls_auth_database_and_no_runtime_installs(tmp_path):
+    cons, _ = create_consortium(tmp_path / "c", "t", ["Cleveland", "Hungary"])
+    sl = superlink_command(cons.dir / "superlink", "127.0.0.1", 9092, tmp_path / "db")
+    for flag in ("--ssl-ca-certfile", "--ssl-certfile", "--ssl-keyfile", "--enable-supernode-auth", "--database",
+                 "--disable-runtime-dependency-installation"):
+        assert flag in sl
+    assert "--insecure" not in sl and sl[sl.index("--host") + 1] == "127.0.0.1"
+    kit = cons.dir / "partners" / "hungary"
+    sn = supernode_command(kit, "127.0.0.1:9092", 9300, relay_socket="/tmp/x/relay.sock")
+    assert sn[sn.index("--root-certificates") + 1] == str((kit / "ca.crt").resolve())
+    assert sn[sn.index("--auth-supernode-private-key") + 1] == str((kit / "supernode_auth_key").resolve())
+    node = tomllib.loads(sn[sn.index("--node-config") + 1].replace(" ", "\n"))
+    assert node == {"kit-dir": str(kit.resolve()), "partner-socket": "/tmp/x/relay.sock"}
+    with pytest.raises(DeploymentError, match="no ca.crt"):
+        (kit / "ca.crt").unlink()
+        supernode_command(kit, "127.0.0.1:9092", 9300)
+
+
+def test_toml_config_quotes_strings_so_flower_reads_them_back():
+    text = flwr_cli.toml_config({"campaign-dir": '/a b/"c"', "n": 3, "on": True})
+    assert tomllib.loads(text.replace('" ', '"\n').replace("3 ", "3\n")) == {"campaign-dir": '/a b/"c"', "n": 3,
+                                                                              "on": True}
+
+
+def test_run_state_and_supernode_refusals():
+    doc = {"runs": [{"run-id": "12", "status": "finished:completed", "status-details": "N/A"}]}
+    assert run_state(doc, 12) == ("finished:completed", "N/A")
+    with pytest.raises(DeploymentError, match="run 13"):
+        run_state(doc, 13)
+    tls = "ERROR : SSL/TLS handshake error detected.\n[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed"
+    assert "TLS refused" in supernode_refusal(tls)
+    assert "node authentication refused" in supernode_refusal("[code: 2004] Failed to activate SuperNode.")
+    assert supernode_refusal("\x1b[91mERROR \x1b[0m: something odd") == "something odd"
