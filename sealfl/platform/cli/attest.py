@@ -96,7 +96,12 @@ def kbs_serve(
     policy: Path = typer.Option(..., "--policy", "-p", help="Attestation policy JSON (sealfl attest policy)."),
     ak: list[Path] = typer.Option(..., "--ak", help="A registered device's AK public key PEM (repeat)."),
     keys: Path = typer.Option(..., "--keys", help="Keys file {root digest hex: base64 key}, mode 0600."),
-    port: int = typer.Option(8443, "--port", min=1, max=65535, help="Port on 127.0.0.1."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback unless devices reach it over "
+                             "a network: then give --tls-cert/--tls-key too)."),
+    port: int = typer.Option(8443, "--port", min=1, max=65535, help="TCP port."),
+    tls_cert: Optional[Path] = typer.Option(None, "--tls-cert", help="Serve HTTPS with this certificate chain "
+                                            "(PEM); devices trust its CA through SSL_CERT_FILE."),
+    tls_key: Optional[Path] = typer.Option(None, "--tls-key", help="The certificate's private key (PEM, 0600)."),
     nonce_ttl: float = typer.Option(60.0, "--nonce-ttl", min=1.0, max=3600.0, help="Challenge lifetime, s."),
     per_client: int = typer.Option(16, "--max-challenges-per-client", min=1, max=1024,
                                    help="Unused challenges one client may hold (beyond: 429 with Retry-After)."),
@@ -109,9 +114,13 @@ def kbs_serve(
         None, "--forwarded-allow-ips", help="Reverse proxies (comma-separated addresses) whose X-Forwarded-For "
         "names the client; default: none, each connection's own address is the client."),
 ) -> None:
-    """Serve POST /challenge and POST /key on 127.0.0.1 (protocol: sealfl.enclave.keybroker.broker).
-    Challenges are bounded per client and in total and rate-limited per client (429 with
-    Retry-After), so a flood cannot crowd out a genuine device."""
+    """Serve POST /challenge and POST /key (protocol: sealfl.enclave.keybroker.broker), on
+    127.0.0.1 unless --host says otherwise; HTTPS with --tls-cert/--tls-key (required for
+    any address but loopback). Challenges are bounded per client and in total and
+    rate-limited per client (429 with Retry-After), so a flood cannot crowd out a genuine
+    device."""
+    import ipaddress
+
     import uvicorn
 
     from sealfl.enclave.keybroker.broker import ChallengeLimits
@@ -122,6 +131,20 @@ def kbs_serve(
         broker = load_broker(policy, ak, keys, nonce_ttl_s=nonce_ttl, limits=limits)
     except SealflError as exc:
         fail(str(exc))
-    err.print(f"key broker on http://127.0.0.1:{port} ({len(ak)} AK file(s))")
-    uvicorn.run(create_app(broker), host="127.0.0.1", port=port, log_level="warning",
-                proxy_headers=forwarded_allow_ips is not None, forwarded_allow_ips=forwarded_allow_ips or "")
+    if (tls_cert is None) != (tls_key is None):
+        fail("give both --tls-cert and --tls-key, or neither")
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        fail(f"--host must be an IP address or localhost, got {host[:60]!r}")
+    if not loopback and tls_cert is None:
+        fail(f"--host {host} serves beyond this machine: give --tls-cert and --tls-key (model keys never travel "
+             "in clear text over a network)")
+    for what, path in (("--tls-cert", tls_cert), ("--tls-key", tls_key)):
+        if path is not None and not path.is_file():
+            fail(f"{what} {path}: no such file")
+    scheme = "https" if tls_cert is not None else "http"
+    err.print(f"key broker on {scheme}://{host}:{port} ({len(ak)} AK file(s))")
+    tls = {"ssl_certfile": str(tls_cert), "ssl_keyfile": str(tls_key)} if tls_cert is not None else {}
+    uvicorn.run(create_app(broker), host=host, port=port, log_level="warning",
+                proxy_headers=forwarded_allow_ips is not None, forwarded_allow_ips=forwarded_allow_ips or "", **tls)

@@ -248,3 +248,77 @@ def test_kind_a_private_key_given_as_a_device_ak_is_named_as_such(tmp_path):
     priv.write_bytes(private_key_to_pem(generate_key()))  # the operator copied the wrong file
     with pytest.raises(KeyBrokerError, match=r"--ak .*ak\.pem: holds a PRIVATE key, not a public key"):
         load_broker(policy, [priv], keys)
+
+
+def _self_signed(tmp_path):
+    """A CA-less self-signed certificate for 127.0.0.1 (cryptography), as PEM files."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sealfl key broker")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    import ipaddress
+
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+            .sign(key, hashes.SHA256()))
+    cert_pem, key_pem = tmp_path / "kbs.crt", tmp_path / "kbs.key"
+    cert_pem.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_pem.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    key_pem.chmod(0o600)
+    return cert_pem, key_pem
+
+
+@pytest.mark.parametrize("backend", ["sim"], indirect=True)
+def test_kind_a_broker_beyond_loopback_speaks_only_tls_and_devices_fetch_keys_over_it(backend, device, tmp_path,
+                                                                                     monkeypatch):
+    import json
+
+    state, ak, root, policy = device
+    ak_pem = tmp_path / "ak.pem"
+    ak_pem.write_bytes(device_public_key(state))
+    policy_file = tmp_path / "policy.json"
+    policy_file.write_text(json.dumps({"schema": POLICY_SCHEMA, "backends": ["sim"],
+                                       "runtime_code": list(policy.runtime_code), "config": list(policy.config),
+                                       "release_root": [root]}))
+    key = atrest.new_key()
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({root: base64.b64encode(key).decode()}))
+    keys.chmod(0o600)
+    base = [sys.executable, "-m", "sealfl.platform.cli", "kbs", "serve", "--policy", str(policy_file), "--ak",
+            str(ak_pem), "--keys", str(keys)]
+    plain = subprocess.run([*base, "--host", "0.0.0.0", "--port", str(_free_port())], capture_output=True, text=True,
+                           timeout=120)
+    assert plain.returncode == 1 and "--tls-cert" in plain.stderr  # never clear text beyond loopback
+    cert, tls_key = _self_signed(tmp_path)
+    port = _free_port()
+    proc = subprocess.Popen([*base, "--port", str(port), "--tls-cert", str(cert), "--tls-key", str(tls_key)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        end = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None, proc.stderr.read().decode()
+                assert time.monotonic() < end, "kbs did not listen within 60 s"
+                time.sleep(0.05)
+        import httpx
+
+        with pytest.raises(httpx.ConnectError):  # the certificate is not one the system trusts
+            httpx.post(f"https://127.0.0.1:{port}/challenge", timeout=30)
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # the device trusts the broker's CA
+        assert request_key(f"https://127.0.0.1:{port}", state) == (root, key)
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
