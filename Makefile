@@ -6,6 +6,7 @@ STAMP  := $(VENV)/.sealfl-installed
 
 .PHONY: demo test install bench bench-deploy bench-llm clean llm-deps llm-demo
 
+# scripts/install-deploy-tools.sh: systemd-analyze, with which tests/deploy checks the device units.
 # scripts/install-faketime.sh: faketime for the TUF conformance suite's expiry tests.
 # scripts/install-tpm.sh: swtpm + tpm2-tools (apt) for the device `tpm` backend; the TPM
 # tests start swtpm themselves and never skip.
@@ -19,6 +20,7 @@ $(STAMP): pyproject.toml
 	sh scripts/install-corpus.sh
 	sh scripts/install-tpm.sh
 	sh scripts/install-faketime.sh
+	sh scripts/install-deploy-tools.sh
 	sh scripts/install-promtool.sh $(BIN)
 	touch $(STAMP)
 
