@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from sealfl.clients.heart.data import HOSPITALS
+from sealfl.he.framed import PACKED
 from sealfl.platform.campaign import CampaignSpec, run_campaign
 from sealfl.platform.consortium import create_consortium
 from sealfl.platform.simulate import actor_options, probe_auth, ray_environment
@@ -108,6 +109,43 @@ def test_a_driver_without_the_token_is_refused(cluster, tmp_path):
     # and the GCS itself refuses an unauthenticated call (what sealfl records for an attach)
     assert probe_auth(cluster.address) == "token"
     assert probe_auth(cluster.address, token=os.environ["RAY_AUTH_TOKEN"]) == "none"
+
+
+@pytest.mark.parametrize("scheme", ["bfv", "ckks"])
+def test_sharded_sum_on_two_nodes_is_the_running_sum(cluster, scheme):
+    """The aggregator's sum as Ray tasks on both nodes: the same bytes as the in-process
+    running sum, and a partner whose last chunk is bad counts in no range."""
+    import ray
+
+    from sealfl.he.bfv import BFVCodec
+    from sealfl.he.ckks import CKKSCodec
+    from sealfl.he.decrypted import update_share
+    from sealfl.server.aggregate import RunningSum
+    from sealfl.server.sharded import sharded_sum
+
+    cls = {"bfv": BFVCodec, "ckks": CKKSCodec}[scheme]
+    secret = cls.generate()
+    public = cls.from_bytes(secret.public_context_bytes(), secret.params, secret.context_id)
+    length, ns = 6 * public.params.values_per_chunk(PACKED) - 7, [3, 5, 2]
+    w = np.random.default_rng(11).normal(0, 0.5, (3, length))
+    frames = {f"p{i}": secret.encrypt(update_share(w[i], ns[i], sum(ns), secret.WEIGHTING)) for i in range(3)}
+    split = {p: public.split(f, length)[1] for p, f in frames.items()}
+
+    def running(names):
+        rs = RunningSum(public, length)
+        for p in names:
+            rs.add(public.load_chunks(split[p], length))
+        return rs.frame()
+
+    ray.init(address=cluster.address, log_to_driver=False)
+    try:
+        got, accepted, refused = sharded_sum(public, split, length, 3)
+        assert got == running(list(frames)) and accepted == list(frames) and refused == {}
+        split["p2"] = split["p2"][:-1] + [bytes(len(split["p2"][-1]))]
+        got, accepted, refused = sharded_sum(public, split, length, 3)
+        assert accepted == ["p0", "p1"] and list(refused) == ["p2"] and got == running(["p0", "p1"])
+    finally:
+        ray.shutdown()
 
 
 def test_killing_a_worker_node_mid_campaign_loses_no_round(cluster, consortium, tmp_path):
