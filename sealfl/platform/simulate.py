@@ -33,6 +33,7 @@ running yet, so it uses the Ray started here (flwr 1.42, ray 2.55.1); its
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -97,6 +98,28 @@ def ray_environment(plan: dict, base: dict) -> dict:
     else:
         env.pop(ENV_LOOPBACK, None)
     return env
+
+
+@contextlib.contextmanager
+def attached_ray(address: str):
+    """Connect this process to the Ray cluster at ``address`` for the duration (the
+    release pipeline's tasks), then disconnect. The user's ``RAY_AUTH_*`` apply; a
+    loopback address sets ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (Ray reads it when it is
+    first imported: this only helps a process that has not imported Ray yet). Raises
+    SimulationError if the address cannot be reached."""
+    address = check_reachable(address)
+    saved = os.environ.get(ENV_LOOPBACK)
+    if is_loopback_address(address) and saved is None:
+        os.environ[ENV_LOOPBACK] = "0"
+    import ray
+
+    ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        if saved is None:
+            os.environ.pop(ENV_LOOPBACK, None)
 
 
 def is_loopback_address(address: str) -> bool:

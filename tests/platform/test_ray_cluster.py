@@ -148,6 +148,35 @@ def test_sharded_sum_on_two_nodes_is_the_running_sum(cluster, scheme):
         ray.shutdown()
 
 
+def test_the_llm_release_variants_build_at_once_on_two_nodes_with_the_same_bytes(cluster):
+    """The release pipeline's quantisation as Ray tasks: INT4 and INT8 are built on the
+    two nodes at once, byte for byte what the in-process build gives -- the release files
+    (and so its root digest) do not depend on the cluster."""
+    import hashlib
+
+    import onnx
+    import ray
+
+    from sealfl.platform.llm.build import VARIANTS, quantize_variants
+    from sealfl.platform.llm.quantize import quantize_llm
+    from tests.support.llm_tiny import tiny_fp32_onnx
+
+    proto = onnx.load_from_string(tiny_fp32_onnx())
+    adapted = ("q_proj", "v_proj", "qkv_proj")
+    local, where = quantize_variants(proto, adapted)  # Ray not connected here: in-process
+    assert where == {v: "local" for v in VARIANTS}
+    ray.init(address=cluster.address, log_to_driver=False)
+    try:
+        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        remote, nodes = quantize_variants(proto, adapted)
+    finally:
+        ray.shutdown()
+    assert set(nodes.values()) == alive and len(alive) == 2  # one variant per node, at once
+    for v in VARIANTS:
+        direct = quantize_llm(proto, v, eight_bit=adapted)
+        assert hashlib.sha256(remote[v]).digest() == hashlib.sha256(local[v]).digest() == hashlib.sha256(direct).digest()
+
+
 def test_killing_a_worker_node_mid_campaign_loses_no_round(cluster, consortium, tmp_path):
     """After round 1 the worker node (raylet, its object store and the partner actors on it)
     is killed without warning; a replacement node joins (as an autoscaler would add one);
