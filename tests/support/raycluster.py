@@ -15,6 +15,7 @@ import os
 import secrets
 from typing import Iterator
 
+_TOKEN = secrets.token_hex(32)
 AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_ADDRESS")
 
 
@@ -25,7 +26,8 @@ def token_cluster(nodes: int = 2, cpus_per_node: int = 2) -> Iterator:
     token is only in this process's environment while the cluster lives; on exit the
     cluster's processes are stopped (``Cluster.shutdown``) and the environment restored."""
     saved = {k: os.environ.get(k) for k in AUTH_ENV}
-    os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
+    # one token per process: Ray reads the token once and keeps it for later clusters
+    os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": _TOKEN,
                        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
     for k in ("RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS"):
         os.environ.pop(k, None)
