@@ -22,7 +22,9 @@ After start-up :func:`start_ray` checks both properties and refuses to go on if 
 fails (the partners' secret kits are reachable from Ray workers in simulation).
 
 **Existing cluster** (``--ray-address`` / ``RAY_ADDRESS``): the user's ``RAY_AUTH_*``
-variables pass through; :func:`probe_auth` asks the cluster's GCS for its cluster id
+variables pass through; a cluster on a loopback address (a multi-node cluster on one
+host, started with ``ray.cluster_utils.Cluster`` and ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``)
+gets the same loopback variable, or the driver would look for it on the outward address; :func:`probe_auth` asks the cluster's GCS for its cluster id
 without a token and records whether it refused (``"token"``) or answered (``"none"``,
 logged as a warning). Flower's Ray backend calls ``ray.init()`` only when Ray is not
 running yet, so it uses the Ray started here (flwr 1.42, ray 2.55.1); its
@@ -31,6 +33,7 @@ running yet, so it uses the Ray started here (flwr 1.42, ray 2.55.1); its
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -88,9 +91,49 @@ def ray_environment(plan: dict, base: dict) -> dict:
         for k in _AUTH_VARS:
             env.pop(k, None)
         env.update({ENV_LOOPBACK: "0", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)})
+    elif is_loopback_address(plan["address"]):
+        # a cluster on loopback (e.g. ``ray.cluster_utils.Cluster``): without the variable
+        # Ray rewrites 127.0.0.1 to the host's outward address and never reaches the GCS
+        env[ENV_LOOPBACK] = "0"
     else:
         env.pop(ENV_LOOPBACK, None)
     return env
+
+
+@contextlib.contextmanager
+def attached_ray(address: str):
+    """Connect this process to the Ray cluster at ``address`` for the duration (the
+    release pipeline's tasks), then disconnect. The user's ``RAY_AUTH_*`` apply; a
+    loopback address sets ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (Ray reads it when it is
+    first imported: this only helps a process that has not imported Ray yet). Raises
+    SimulationError if the address cannot be reached."""
+    address = check_reachable(address)
+    saved = os.environ.get(ENV_LOOPBACK)
+    if is_loopback_address(address) and saved is None:
+        os.environ[ENV_LOOPBACK] = "0"
+    import ray
+
+    ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        if saved is None:
+            os.environ.pop(ENV_LOOPBACK, None)
+
+
+def is_loopback_address(address: str) -> bool:
+    """Whether a Ray address (``[ray://]host:port``) names a loopback host
+    (``127.0.0.0/8``, ``::1`` or ``localhost``). Pure."""
+    import ipaddress
+
+    host = address.split("://", 1)[-1].rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 # -- worker side -------------------------------------------------------------------------------
@@ -167,6 +210,25 @@ def start_ray(plan: dict, temp_dir: str | None) -> dict:
     return {"gcs_address": gcs, "started_here": True, "mode": "embedded", "auth": "token", "loopback_only": True}
 
 
+# A partner actor whose node dies is restarted elsewhere and its pending call retried
+# (Ray's actor fault tolerance); Flower passes these options to ``ClientAppActor.options``.
+# Calls retry without a count (-1): until the GCS has declared the node dead (health
+# checks, ~15 s by default) every retry fails at once with ActorUnavailableError, so a
+# small count runs out before the restart; the restarts bound it (an actor past
+# ACTOR_MAX_RESTARTS is dead and its calls fail), and so does the round's reply timeout.
+ACTOR_MAX_RESTARTS = 4
+ACTOR_MAX_TASK_RETRIES = -1
+
+
+def actor_options(cpus_per_partner: float) -> dict:
+    """Flower's ``client_resources`` for one simulated SuperNode actor: its CPUs, no GPU,
+    and Ray's restart/retry budget, so a lost node costs a retry, not the partner's reply
+    (Flower 1.42's ``BasicActorPool`` calls ``ClientAppActor.options(**client_resources)``
+    and sizes the pool from ``num_cpus`` only). Pure."""
+    return {"num_cpus": cpus_per_partner, "num_gpus": 0.0,
+            "max_restarts": ACTOR_MAX_RESTARTS, "max_task_retries": ACTOR_MAX_TASK_RETRIES}
+
+
 class _DropDeprecation(logging.Filter):
     """Flower 1.42 warns that ``run_simulation`` is deprecated in favour of ``flwr run``;
     we call it on purpose (SuperLink deployment is a separate path), so drop that one line."""
@@ -191,7 +253,7 @@ def run_flower(server_app, client_app, num_supernodes: int, *, cpus_per_partner:
             h.addFilter(_DropDeprecation())
     try:
         run_simulation(server_app=server_app, client_app=client_app, num_supernodes=num_supernodes,
-                       backend_config={"client_resources": {"num_cpus": cpus_per_partner, "num_gpus": 0.0}})
+                       backend_config={"client_resources": actor_options(cpus_per_partner)})
     except Exception as exc:  # run_simulation re-raises the ServerApp thread's error
         return exc
     return None

@@ -18,9 +18,10 @@ Memory (:func:`sum_chunks`, used for the statistics sum): the sum runs chunk ind
 into a running accumulator, so besides the received frames the aggregator holds one
 parsed ciphertext per partner-chunk only while it is added (flat in the number of
 partners). TenSEAL holds the GIL (its issue #52); BFV addition here runs at ~4 M
-parameters per second on one core (bench/codec_bench.py), so the former Ray-sharded sum
-was removed (on 2 cores it was slower than in-process at every size in the former
-bench/he_bench.py).
+parameters per second on one core (bench/codec_bench.py). Rounds whose updates are large
+or many are summed by chunk range in Ray tasks instead (:mod:`sealfl.server.sharded`,
+chosen by :func:`sealfl.server.sharded.shard_count`); on one 2-core box that is no faster
+than in-process (bench/scale.py), it pays on a cluster with more cores.
 """
 
 from __future__ import annotations

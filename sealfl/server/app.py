@@ -72,6 +72,8 @@ class ServerConfig:
             must be signed by it. Empty: name claims are not authenticated (warned).
         max_examples: cap on any row count a partner declares (:class:`ReplyLimits`).
         max_loss: cap on any loss a partner reports (:class:`ReplyLimits`).
+        sum_shards: chunk-range shards of each round's sum on Ray (0: automatic by the
+            round's size, 1: in-process; :mod:`sealfl.server.sharded`).
     """
 
     campaign_dir: str
@@ -90,6 +92,7 @@ class ServerConfig:
     partner_keys: dict = field(default_factory=dict)
     max_examples: int = ReplyLimits.max_examples
     max_loss: float = ReplyLimits.max_loss
+    sum_shards: int = 0
 
     def limits(self) -> ReplyLimits:
         """The :class:`ReplyLimits` these settings give (raises ServerError if invalid)."""
@@ -218,7 +221,8 @@ def run_server(grid: Grid, cfg: ServerConfig) -> None:
             ledger = Ledger(dpc.noise_multiplier, float(cfg.train["dp-delta"]),
                             None if budget is None else float(budget))
         strategy = EncryptedFedAvg(codec, wire, roster=roster, limits=limits, min_partners=cfg.min_partners,
-                                   round_log=rlog, wait_s=cfg.timeout_s, privacy=(ledger, dpc) if dpc else None)
+                                   round_log=rlog, wait_s=cfg.timeout_s, privacy=(ledger, dpc) if dpc else None,
+                                   sum_shards=cfg.sum_shards)
         strategy.start(grid=grid, initial_arrays=initial, num_rounds=cfg.num_rounds, timeout=cfg.timeout_s,
                        train_config=ConfigRecord(_scalar(cfg.train)), evaluate_config=ConfigRecord(_scalar(cfg.train)))
         rlog.set_status(status="finished", finished=time.time())

@@ -19,6 +19,11 @@ raise :class:`NotEnoughPartnersError`.
 Every reply goes through :func:`sealfl.server.intake.screen` (who sent it) and the
 reply kind's checks in :mod:`sealfl.server.validation` (what it says) before anything of
 it counts; refusals name the partner and the reason in the log and in ``rounds.jsonl``.
+
+The round's sum: in-process while each reply is checked (:class:`RunningSum`), or, when
+the round's updates are large or many (:func:`sealfl.server.sharded.shard_count`), split
+by chunk range into Ray tasks that check and add their range for every partner
+(:func:`sealfl.server.sharded.sharded_sum`); a reply one task refuses counts in no range.
 """
 
 from __future__ import annotations
@@ -35,10 +40,12 @@ from flwr.serverapp.strategy import FedAvg
 from sealfl.common import protocol as P
 from sealfl.common.testpoints import testpoint
 from sealfl.he.codecs import Codec
+from sealfl.he.framed import PACKED
 from sealfl.server.aggregate import RunningSum
 from sealfl.server.bookkeeping import CampaignDir
 from sealfl.server.errors import NotEnoughPartnersError, SecretKeyPresentError, ServerError
 from sealfl.server.intake import Roster, screen
+from sealfl.server.sharded import ray_cpus, shard_count, sharded_sum
 from sealfl.server.validation import ReplyLimits, parse_eval_reply, parse_train_reply
 
 log = logging.getLogger(__name__)
@@ -106,13 +113,15 @@ class EncryptedFedAvg(FedAvg):
         privacy: (ledger, DP config) of a DP campaign (:mod:`sealfl.he.dp_account`): each
             aggregated round is recorded and its ``privacy`` block (ε, δ so far) goes into
             ``rounds.jsonl``; None without DP.
+        sum_shards: chunk-range shards of the round's sum (0: automatic, 1: in-process,
+            N: N Ray tasks; see :func:`sealfl.server.sharded.shard_count`).
     Raises:
         SecretKeyPresentError: ``codec`` holds a secret key.
     """
 
     def __init__(self, codec: Codec, n_params: int, *, roster: Roster, limits: ReplyLimits | None = None,
                  min_partners: int = 2, round_log: CampaignDir | None = None, wait_s: float = 600.0,
-                 privacy: tuple | None = None):
+                 privacy: tuple | None = None, sum_shards: int = 0):
         if codec.has_secret_key:
             raise SecretKeyPresentError("the aggregator's HE context holds a secret key; give it the public context")
         super().__init__(
@@ -128,6 +137,9 @@ class EncryptedFedAvg(FedAvg):
         self.round_log = round_log
         self.wait_s = wait_s
         self.privacy = privacy
+        shard_count(sum_shards, 1, 1, 0)  # raises ValueError for a negative setting now, not in round 1
+        self.sum_shards = int(sum_shards)
+        self.last_shards = 1
         self.stats_ct: bytes | None = None
         self.stats_n: np.ndarray | None = None
         self._t_round = 0.0
@@ -173,13 +185,26 @@ class EncryptedFedAvg(FedAvg):
         """
         t0 = time.perf_counter()
         roster = self.roster
+        n_chunks = self.codec.params.n_chunks(self.n_params, PACKED)
+        shards = shard_count(self.sum_shards, len(self._sent), n_chunks, ray_cpus() if self.sum_shards == 0 else 0)
+        self.last_shards = shards
         running = RunningSum(self.codec, self.n_params)  # summed while checked: each chunk parsed once
         screened = screen(
             replies, self._sent, roster,
             lambda p, c: parse_train_reply(c, codec=self.codec, length=self.n_params, limits=self.limits,
-                                           declared_n=roster.n_train[p], signed=roster.signed, running=running),
+                                           declared_n=roster.n_train[p], signed=roster.signed,
+                                           running=None if shards > 1 else running, defer_ciphertext=shards > 1),
             phase="train")
         rejected = {**self._absent, **screened.rejected}
+        sharded_ct = None
+        if shards > 1:  # the chunks' checks run in the shards; a refusal there refuses the reply whole
+            split = {p: screened.accepted[p].chunks for p in sorted(screened.accepted)}
+            sharded_ct, ok, refused = sharded_sum(self.codec, split, self.n_params, shards)
+            for p, why in refused.items():
+                rejected[p] = f"{P.UPDATE}.{P.UPDATE_CT}: {why}"
+                log.warning("rejected the train reply of %s: %s", p, rejected[p])
+                del screened.accepted[p]
+            log.info("round %d: summed in %d chunk-range shards on Ray", server_round, shards)
         accepted = sorted(screened.accepted)
         if len(accepted) < self.min_partners and self.privacy is not None and self._last is not None:
             return self._skip_round(server_round, accepted, rejected)
@@ -193,9 +218,12 @@ class EncryptedFedAvg(FedAvg):
             raise NotEnoughPartnersError("the statistics ciphertext is missing from the global record")
         upd = {p: screened.accepted[p] for p in accepted}
         testpoint("aggregate", server_round)
-        if running.partners != len(upd):  # parse is screen's last step: every accepted reply was added
+        if sharded_ct is not None:
+            model_ct = sharded_ct
+        elif running.partners != len(upd):  # parse is screen's last step: every accepted reply was added
             raise ServerError(f"internal: {running.partners} updates summed, {len(upd)} accepted")
-        model_ct = running.frame()
+        else:
+            model_ct = running.frame()
         total = sum(r.n for r in upd.values())
         loss = float(sum(r.loss * r.n for r in upd.values()) / total)
         bytes_in = sum(r.nbytes for r in upd.values())
@@ -211,7 +239,7 @@ class EncryptedFedAvg(FedAvg):
             self.round_log.note(
                 accepted=accepted, rejected=rejected, total_weight=total, train_loss=loss,
                 ciphertext_bytes_in=bytes_in, aggregate_bytes=len(model_ct),
-                fp32_bytes_per_update=4 * self.n_params, **aggregate_timing(replies, t0),
+                fp32_bytes_per_update=4 * self.n_params, sum_shards=shards, **aggregate_timing(replies, t0),
             )
             if self.privacy is not None:
                 ledger, dpc = self.privacy

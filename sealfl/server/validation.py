@@ -217,7 +217,8 @@ def _partner_shape(signed: bool) -> tuple[str, tuple]:
 
 
 def parse_train_reply(content: Any, *, codec: Codec, length: int, limits: ReplyLimits, declared_n: int,
-                      signed: bool = True, running: RunningSum | None = None) -> TrainReply:
+                      signed: bool = True, running: RunningSum | None = None,
+                      defer_ciphertext: bool = False) -> TrainReply:
     """Check a train reply (see module docstring) and return it parsed.
 
     Args:
@@ -229,6 +230,11 @@ def parse_train_reply(content: Any, *, codec: Codec, length: int, limits: ReplyL
         running: if given, the update's parsed chunks are added to it once every check
             passed (the ciphertext is checked last), so the round's sum needs no second
             parse, and the returned reply keeps no ciphertext bytes.
+        defer_ciphertext: check the frame's size, header and chunk bounds only
+            (:meth:`~sealfl.he.framed.FramedCodec.split`) and return its chunks
+            (``frame`` empty): the chunks' own checks (rules 3-4) then run in the sharded
+            sum's tasks (:mod:`sealfl.server.sharded`), which refuse the reply whole if
+            any chunk fails -- the reply does not count before they pass.
     Raises:
         ReplyError: naming the field and the reason.
     """
@@ -242,6 +248,12 @@ def parse_train_reply(content: Any, *, codec: Codec, length: int, limits: ReplyL
     loss = check_real(m[P.TRAIN_LOSS], f"{P.METRICS}.{P.TRAIN_LOSS}", lo=0.0, hi=limits.max_loss)
     field = f"{P.UPDATE}.{P.UPDATE_CT}"
     frame = check_u8_array(content[P.UPDATE][P.UPDATE_CT], field, codec.params.max_frame_bytes(length))
+    if defer_ciphertext:
+        try:
+            _, chunks = codec.split(frame, length)
+        except CiphertextError as exc:
+            raise ReplyError(field, str(exc)) from exc
+        return TrainReply(b"", chunks, n, loss, len(frame))
     parsed: list = []
     chunks = check_frame(codec, frame, length, field, parsed=parsed)
     if running is None:

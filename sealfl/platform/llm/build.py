@@ -40,7 +40,7 @@ from sealfl.platform.llm.export import export_fp32
 from sealfl.platform.llm.gate import THRESHOLDS, GateCounts, candidate_scores, check_gate, compare, reference_scores
 from sealfl.platform.llm.quantize import SCHEMES, QuantizeError, quantize_llm
 
-__all__ = ["VARIANTS", "LLMBuild", "build_candidates", "score_candidates", "llm_release_files"]
+__all__ = ["VARIANTS", "LLMBuild", "build_candidates", "quantize_variants", "score_candidates", "llm_release_files"]
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +84,48 @@ def _special_tokens(bundle: LMBundle) -> dict:
     return out
 
 
-def build_candidates(bundle: LMBundle, spec: LoraSpec, adapters: np.ndarray) -> LLMBuild:
-    """Merge ``adapters`` into ``bundle``'s model (in place), export and quantise.
+def _quantize_task(model: bytes, scheme: str, eight_bit: tuple[str, ...]) -> tuple[bytes, str]:
+    """One variant as a Ray task: ``(quantised bytes, id of the node that built it)``."""
+    import ray
+
+    return quantize_llm(model, scheme, eight_bit=eight_bit), ray.get_runtime_context().get_node_id()
+
+
+def quantize_variants(proto, eight_bit: tuple[str, ...], variants: tuple[str, ...] = VARIANTS) -> tuple[dict, dict]:
+    """Quantise the exported float32 graph ``proto`` into every variant.
+
+    On the Ray cluster this process is connected to (``ray.is_initialized()``), each
+    variant is one task (1 CPU, spread over the nodes: a two-node cluster builds INT4 and
+    INT8 at once; the graph is put in the object store once); otherwise one after the
+    other here. The bytes are the same either way (:func:`quantize_llm` is a pure function
+    of the graph). Returns ``({variant: bytes}, {variant: node id or "local"})``.
+
+    Raises:
+        QuantizeError: from :func:`quantize_llm` (a task's error is re-raised as it).
+    """
+    import ray
+
+    if not ray.is_initialized():
+        return {v: quantize_llm(proto, v, eight_bit=eight_bit) for v in variants}, {v: "local" for v in variants}
+    task = ray.remote(_quantize_task).options(num_cpus=1, scheduling_strategy="SPREAD", max_retries=2)
+    model = ray.put(proto.SerializeToString())
+    refs = {v: task.remote(model, v, tuple(eight_bit)) for v in variants}
+    out, nodes = {}, {}
+    for v, ref in refs.items():
+        try:
+            out[v], nodes[v] = ray.get(ref)
+        except ray.exceptions.RayTaskError as exc:
+            cause = exc.as_instanceof_cause()
+            raise (cause if isinstance(cause, QuantizeError) else QuantizeError(f"{v}: {exc}")) from exc
+    log.info("quantised %s on Ray nodes %s", ", ".join(variants), sorted(set(nodes.values())))
+    return out, nodes
+
+
+def build_candidates(bundle: LMBundle, spec: LoraSpec, adapters: np.ndarray, *, ray_address: str | None = None
+                     ) -> LLMBuild:
+    """Merge ``adapters`` into ``bundle``'s model (in place), export and quantise
+    (``ray_address``: quantise the variants as tasks on that Ray cluster, see
+    :func:`quantize_variants` and :func:`sealfl.platform.simulate.attached_ray`).
 
     Raises:
         AdapterError: the adapter vector does not fit.
@@ -107,7 +147,13 @@ def build_candidates(bundle: LMBundle, spec: LoraSpec, adapters: np.ndarray) -> 
     t0 = time.perf_counter()
     adapted = tuple(spec.targets) + (("qkv_proj",) if {"q_proj", "k_proj", "v_proj"} & set(spec.targets) else ())
     try:
-        variants = {v: quantize_llm(proto, v, eight_bit=adapted) for v in VARIANTS}
+        if ray_address and ray_address != "local":
+            from sealfl.platform.simulate import attached_ray
+
+            with attached_ray(ray_address):
+                variants, _ = quantize_variants(proto, adapted)
+        else:
+            variants, _ = quantize_variants(proto, adapted)
     except QuantizeError as exc:
         raise ReleaseError(f"cannot quantise the merged model: {exc}") from exc
     t["quantize"] = time.perf_counter() - t0

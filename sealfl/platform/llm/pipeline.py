@@ -68,7 +68,7 @@ def release_llm(cons, task, enclave, params, ckpt: dict, campaign_dir, out_dir, 
     t0 = time.perf_counter()
     stage("merge + export + quantise")
     bundle = task.bundle().clone()
-    build = build_candidates(bundle, task.spec, params)
+    build = build_candidates(bundle, task.spec, params, ray_address=ray_address)
     seconds.update({f"release.{k}": v for k, v in build.seconds.items()})
     supervisor.check()
     stage("partners score the candidates")
