@@ -26,12 +26,19 @@ import pytest
 REPO = Path(__file__).resolve().parents[3]
 
 
+#: where the vendored suite may be: beside the repository (``../shared/vendor``, a checkout in
+#: the workplace), then the workplace's own copy (a clean clone elsewhere on this machine, as CI
+#: and fresh-check make); SEALFL_TUF_CONFORMANCE overrides both
+CANDIDATES = (REPO.parent / "shared" / "vendor" / "tuf-conformance", Path("/work/shared/vendor/tuf-conformance"))
+
+
 def _suite() -> Path:
-    path = Path(os.environ.get("SEALFL_TUF_CONFORMANCE", REPO.parent / "shared" / "vendor" / "tuf-conformance"))
-    if not (path / "tuf_conformance" / "conftest.py").is_file():
-        pytest.fail(f"the tuf-conformance suite is not at {path}: put the snapshot there (beside the repository, "
-                    "../shared/vendor/tuf-conformance) or set SEALFL_TUF_CONFORMANCE")
-    return path
+    env = os.environ.get("SEALFL_TUF_CONFORMANCE")
+    for path in ([Path(env)] if env else list(CANDIDATES)):
+        if (path / "tuf_conformance" / "conftest.py").is_file():
+            return path
+    pytest.fail(f"the tuf-conformance suite is not at {env or ' or '.join(map(str, CANDIDATES))}: put the snapshot "
+                "there (../shared/vendor/tuf-conformance beside the repository) or set SEALFL_TUF_CONFORMANCE")
 
 
 def _run(suite: Path, entrypoint: str, out: Path, select: list[str] | None = None) -> dict[str, str]:
