@@ -30,11 +30,11 @@ def test_ruff_finds_no_undefined_name_or_unused_import():
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
 
 
-def test_the_readme_layout_table_names_every_top_level_package():
-    """README "Layout" lists the packages that exist, each once, and no other."""
+def test_the_architecture_layout_table_names_every_top_level_package():
+    """docs/architecture.md "Layout" lists the packages that exist, each once, and no other."""
     import re
 
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "architecture.md").read_text()
     section = text[text.index("## Layout"):]
     section = section[:section.index("\n## ")] if "\n## " in section else section
     listed = re.findall(r"^\| `(sealfl\.\w+)` \|", section, re.M)

@@ -45,3 +45,14 @@ def test_kind_boot_json_reports_the_running_release_and_the_scores(trust_dir, re
     code, doc = _cli("device", "boot", "--trust", trust_dir, "--release", tmp_path / "nowhere", "--state",
                      tmp_path / "st", "--json")
     assert code == 3 and doc["kept_last_good"] is True and "nowhere" in doc["refused"] and doc["scores"] is None
+
+
+def test_kind_boot_without_a_release_runs_the_last_good_one_or_says_how_to_get_one(trust_dir, release_dir, tmp_path):
+    st = tmp_path / "st"
+    code, _ = _cli("device", "boot", "--trust", trust_dir, "--release", release_dir, "--state", st, "--tee", "sim",
+                   "--json")
+    assert code == 0
+    code, doc = _cli("device", "boot", "--trust", trust_dir, "--state", st, "--json")  # e.g. after 'device update'
+    assert code == 0 and doc["release"]["version"] == 3 and doc["kept_last_good"] is False
+    code, doc = _cli("device", "boot", "--trust", trust_dir, "--state", tmp_path / "empty", "--tee", "sim", "--json")
+    assert code != 0 and doc["ok"] is False and "device update" in doc["error"]

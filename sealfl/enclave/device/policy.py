@@ -130,7 +130,8 @@ def check_state_apart(state_dir: str | os.PathLike, **others: str | os.PathLike 
                             "state apart", reason="state")
 
 
-def boot_or_last_good(trust_dir: str | os.PathLike, release_dir: str | os.PathLike, state_dir: str | os.PathLike,
+def boot_or_last_good(trust_dir: str | os.PathLike, release_dir: str | os.PathLike | None,
+                      state_dir: str | os.PathLike,
                       *, backend: str | None = None, key_source: KeySource | None = None,
                       variant: str | None = None, runtime_options: Mapping[str, Any] | None = None,
                       require_llm: bool = False,
@@ -145,6 +146,7 @@ def boot_or_last_good(trust_dir: str | os.PathLike, release_dir: str | os.PathLi
         variant: causal-LM model variant (both attempts).
         runtime_options: :class:`~sealfl.enclave.sandbox.runtime.SandboxedRuntime` options.
         require_llm: only causal language models may run (``device serve``/``generate``).
+        release_dir: the new release, or None to boot the last good one (no fallback then).
         on_refused: called with the new release's refusal before the fallback is tried.
 
     Returns:
@@ -158,6 +160,14 @@ def boot_or_last_good(trust_dir: str | os.PathLike, release_dir: str | os.PathLi
     check_state_apart(state_dir, release=release_dir, trust_anchors=trust_dir)
     common = {"backend": backend, "key_source": key_source, "variant": variant, "runtime_options": runtime_options,
               "require_llm": require_llm}
+    if release_dir is None:  # no new release offered: the last good one (e.g. installed by 'device update')
+        try:
+            return BootOutcome(boot_last_good(trust_dir, state_dir, **common))
+        except BootError as exc:
+            if exc.reason in STOP_REASONS:
+                raise
+            raise BootError(f"no release was given and the device's last good release cannot boot ({exc}); give "
+                            "--release DIR or install one with 'sealfl device update'", reason=exc.reason) from exc
     try:
         return BootOutcome(boot(trust_dir, release_dir, state_dir, **common))
     except BootError as exc:

@@ -27,11 +27,10 @@ def create(
                                           "Fed-Heart-Disease) or 'causal-lm' (LoRA of SmolLM2-135M on the Python docs)."),
     he: str = typer.Option("bfv", help="Homomorphic encryption of the updates: 'bfv' (default; packed BFV: "
                                        "~1.05x the fp32 bytes, exact sums, parameters clipped to ±8) or 'ckks' "
-                                       "(NVIDIA FLARE's parameters, ~7x the fp32 bytes); README 'Encrypted "
-                                       "aggregation'."),
+                                       "(NVIDIA FLARE's parameters, ~7x the fp32 bytes); docs/encryption.md."),
     tee: str = typer.Option("sim", "--tee", help="The release enclave's TEE: 'sim' (an INSECURE, labelled "
                             "simulation for tests and demos) or 'tpm' (TPM 2.0 via SEALFL_TPM_TCTI; the "
-                            "release-enclave role's handles, see README 'Device trust on a TPM 2.0')."),
+                            "release-enclave role's handles, see docs/device.md 'Device trust on a TPM 2.0')."),
     superlink_host: Optional[list[str]] = typer.Option(None, "--superlink-host",
                                                        help="Name or IP address partners reach the SuperLink at "
                                                             "(repeat; the TLS certificate's SAN). Default: 127.0.0.1 "

@@ -16,7 +16,7 @@ from typing import Annotated, Optional
 import typer
 
 from sealfl.common.errors import Interrupted, SealflError
-from sealfl.platform.cli.options import KeyBroker, ReleaseDir, StateDir, Tee, TrustDir, Variant
+from sealfl.platform.cli.options import BootRelease, KeyBroker, StateDir, Tee, TrustDir, Variant
 from sealfl.platform.cli.output import command_group, console, emit_json, err, fail, json_mode, stopped
 
 __all__ = ["app", "verify_app"]
@@ -66,9 +66,9 @@ def _boot(trust: Path, release_dir: Path, state: Path, *, tee: str | None = None
 
 @app.command("boot")
 def boot(
-    release_dir: ReleaseDir,
     trust: TrustDir,
     state: StateDir,
+    release_dir: BootRelease = None,
     features_csv: Optional[Path] = typer.Option(
         None, "--input", help="CSV of raw feature rows to score (heart model: 13 columns age, sex(1=male), trestbps, "
         "chol, fbs, thalch, exang, oldpeak, cp=atypical angina, cp=non-anginal, cp=typical angina, "
@@ -123,9 +123,9 @@ def boot(
 
 @app.command("generate")
 def generate(
-    release_dir: ReleaseDir,
     trust: TrustDir,
     state: StateDir,
+    release_dir: BootRelease = None,
     prompt: str = typer.Option(..., "--prompt", "-p", help="The user's message (or raw text with --raw)."),
     raw: bool = typer.Option(False, help="Continue PROMPT as plain text instead of applying the chat template."),
     max_tokens: int = typer.Option(128, min=1, max=4096, help="New tokens at most."),
@@ -190,9 +190,9 @@ def _access_log_to(where: str) -> None:
 
 @app.command("serve")
 def serve(
-    release_dir: ReleaseDir,
     trust: TrustDir,
     state: StateDir,
+    release_dir: BootRelease = None,
     host: str = typer.Option("127.0.0.1", help="Address to bind (loopback unless you mean otherwise)."),
     port: int = typer.Option(8000, min=0, max=65535, help="TCP port (0: a free one, see --port-file)."),
     port_file: Optional[Path] = typer.Option(None, help="Write the bound port here once listening."),

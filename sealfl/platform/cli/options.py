@@ -12,12 +12,15 @@ from typing import Annotated, Optional
 
 import typer
 
-__all__ = ["TrustDir", "StateDir", "ReleaseDir", "ConsortiumDir", "RayAddress", "Superlink", "Variant", "KeyBroker", "Tee"]
+__all__ = ["TrustDir", "StateDir", "ReleaseDir", "BootRelease", "ConsortiumDir", "RayAddress", "Superlink", "Variant", "KeyBroker", "Tee"]
 
 TrustDir = Annotated[Path, typer.Option("--trust", "-t", help="Pinned trust anchors directory.")]
 StateDir = Annotated[Path, typer.Option("--state", "-s", help="Device state directory (TEE, slots, last good "
                                                               "release).")]
 ReleaseDir = Annotated[Path, typer.Option("--release", "-r", help="Release directory to boot.")]
+BootRelease = Annotated[Optional[Path], typer.Option("--release", "-r", help="Release directory to boot (default: "
+                                                     "the device's last good release, e.g. the one 'device update' "
+                                                     "installed).")]
 ConsortiumDir = Annotated[Path, typer.Option("--consortium", "-c", help="Consortium directory.")]
 RayAddress = Annotated[Optional[str], typer.Option("--ray-address", envvar="RAY_ADDRESS",
                                                    help="Attach to this Ray cluster instead of a local Ray.")]
