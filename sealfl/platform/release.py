@@ -336,6 +336,7 @@ def release(consortium_dir: str | Path, campaign_dir: str | Path, out_dir: str |
     ckpt = finished_checkpoint(campaign_dir)
     check_campaign_of(cons, campaign_dir)
     supervisor.check()
+    (on_stage or (lambda _name: None))("decrypt the final model in the release enclave")
     enclave = ReleaseEnclave.open(enclave_dir(cons))
     keys = KeyHolder(enclave, cons.he_params, bytes.fromhex(cons.context_id))
     task = get_task(cons.task)
@@ -362,8 +363,11 @@ def release_tabular(job: ReleaseJob) -> tuple[dict, dict, dict, list]:
     cons, task, enclave, params, mean, std = job.cons, job.task, job.enclave, job.params, job.mean, job.std
     ckpt, campaign_dir, out_dir, version, name = job.ckpt, job.campaign_dir, job.out_dir, job.version, job.name
     max_drop = job.max_drop
+    stage = job.on_stage or (lambda _name: None)
+    stage("export ONNX")
     fp32 = task.to_onnx(params, mean, std)
     try:
+        stage("quantize INT8 and build the canary")
         int8 = quantize_int8(fp32)
         canary = build_canary(int8, task.input_name, task.output_name,
                               canary_rows(task.input_features, mean, std))
@@ -372,6 +376,7 @@ def release_tabular(job: ReleaseJob) -> tuple[dict, dict, dict, list]:
     self_check(int8, canary)
     try:
         supervisor.check()
+        stage("gate: partners score the fp32 and INT8 candidates")
         acc = federated_evaluate(cons, {"fp32": fp32, "int8": int8}, **job.evaluation,
                                  expected_n=campaign_test_counts(campaign_dir))
     except Interrupted as exc:
@@ -379,6 +384,7 @@ def release_tabular(job: ReleaseJob) -> tuple[dict, dict, dict, list]:
                                       f"evaluated the candidates; nothing was written and version {version} "
                                       "is still free") from None
     check_gate(acc["fp32"]["pooled"], acc["int8"]["pooled"], max_drop)
+    stage("sign, attest and write the release")
     metadata = {
         "model_file": MODEL_FILE,
         "task": task.name,

@@ -89,7 +89,7 @@ class _LazyGroup(TyperGroup):
 
 
 app = typer.Typer(cls=_LazyGroup, help="sealfl: encrypted federated fine-tuning -> attested, signed edge releases.",
-                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+                  no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False)
 
 
 def _print_version(value: bool) -> None:

@@ -48,7 +48,7 @@ def emit_json(doc: dict) -> None:
     """Print ``doc`` as one line of JSON on stdout (``--json`` output)."""
     import json
 
-    typer.echo(json.dumps(doc, ensure_ascii=False))
+    typer.echo(json.dumps(doc, ensure_ascii=False, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
 
 
 def fail(msg: str, code: int = 1) -> NoReturn:

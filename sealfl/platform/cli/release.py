@@ -8,7 +8,7 @@ import typer
 
 from sealfl.common.errors import Interrupted, SealflError
 from sealfl.platform.cli.options import ConsortiumDir, RayAddress
-from sealfl.platform.cli.output import command_group, console, err, fail, stopped
+from sealfl.platform.cli.output import command_group, console, emit_json, err, fail, json_mode, stopped
 from sealfl.platform.supervisor import interruptible
 
 __all__ = ["app"]
@@ -37,20 +37,40 @@ def build(
     max_drop: float = typer.Option(0.01, min=0.0, max=1.0,
                                    help="Largest allowed INT8 accuracy drop vs fp32 (0.01 = 1 point)."),
     ray_address: RayAddress = None,
+    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object on stdout (ok, "
+                                 "version, dir, root digest, accuracy; or the error)."),
 ) -> None:
     """Decrypt the final model in the release enclave, export ONNX, quantize to INT8, gate
-    on accuracy, and write a signed, attested release."""
+    on accuracy, and write a signed, attested release. Each phase is shown as it starts (a
+    plain line on stderr when not on a terminal)."""
+    import sys
+    import time
+
+    json_mode(as_json)
+    t0 = time.perf_counter()
+    interactive = sys.stderr.isatty() and not as_json
     with interruptible():
         from sealfl.platform.release import release
 
         try:
-            with console.status("decrypting in the release enclave; partners score the fp32 and INT8 candidates…"):
-                res = release(consortium, campaign, out, version=version, max_drop=max_drop, ray_address=ray_address)
+            with err.status("release build…") as status:
+                def on_stage(name: str) -> None:
+                    if interactive:
+                        status.update(f"{name}…")
+                    else:
+                        err.print(f"[{time.perf_counter() - t0:6.1f} s] {name}", markup=False, highlight=False)
+
+                res = release(consortium, campaign, out, version=version, max_drop=max_drop, ray_address=ray_address,
+                              on_stage=on_stage)
         except Interrupted as exc:
             stopped(exc)
         except (SealflError, OSError) as exc:
             fail(str(exc))
     _warn_same_content(consortium, res.summary["root_digest"], version)
+    if as_json:
+        emit_json({"ok": True, "version": version, "dir": str(out), "root_digest": res.summary["root_digest"],
+                   "files": res.summary.get("files"), "accuracy": res.accuracy, "seconds": res.seconds})
+        return
     if "gate" in res.accuracy:  # a causal-LM release: gate figures per variant
         g = res.accuracy["gate"]
         console.print(f"release v{version} in {out}: root digest {res.summary['root_digest']}; " + ", ".join(
