@@ -137,6 +137,19 @@ def test_kind_at_rest_round_trip_and_wrong_key_or_name():
         atrest.decrypt(key, "model.onnx", blob[:-1] + bytes([blob[-1] ^ 1]))
 
 
+def _wait_listening(proc, port: int, deadline_s: float = 60.0) -> None:
+    """Until the broker ``proc`` accepts connections on ``port`` (a deadline, not a delay)."""
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.monotonic() < end, f"kbs did not listen within {deadline_s:g} s"
+            time.sleep(0.05)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -165,15 +178,7 @@ def test_kind_kbs_server_over_http_releases_and_refuses(swtpm, trust_dir, releas
                              "--challenge-rate", "0.01"],  # no token comes back during the test, however slow it runs
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        end = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert proc.poll() is None, proc.stderr.read().decode()
-                assert time.monotonic() < end, "kbs did not listen within 60 s"
-                time.sleep(0.05)
+        _wait_listening(proc, port)
         url = f"http://127.0.0.1:{port}"
         import httpx
 
@@ -304,15 +309,7 @@ def test_kind_a_broker_beyond_loopback_speaks_only_tls_and_devices_fetch_keys_ov
     proc = subprocess.Popen([*base, "--port", str(port), "--tls-cert", str(cert), "--tls-key", str(tls_key)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        end = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert proc.poll() is None, proc.stderr.read().decode()
-                assert time.monotonic() < end, "kbs did not listen within 60 s"
-                time.sleep(0.05)
+        _wait_listening(proc, port)
         import httpx
 
         with pytest.raises(httpx.ConnectError):  # the certificate is not one the system trusts

@@ -173,8 +173,15 @@ def _boot(trust: Path, release_dir: Path, state_dir: Path, opts: ServeOptions, s
     release, spec, runtimes = _trimmed(dev.release, dev.llm_spec), dev.llm_spec, [dev.runtime]
     del dev  # the other variant's bytes (read for verification) go with it, before more slots load
     trim_heap()
+    _more_slots(runtimes, release, spec, opts.max_concurrent, runtime_options)
+    return release, spec, runtimes, runtime_options
+
+
+def _more_slots(runtimes: list, release, spec, slots: int, runtime_options: dict[str, Any]) -> None:
+    """Start runtimes from the verified ``release`` until there are ``slots``, warm each up;
+    on any failure close them all (the first included) and re-raise."""
     try:
-        for _ in range(opts.max_concurrent - 1):
+        for _ in range(slots - len(runtimes)):
             rt, _, _ = boot_llm(release.payload, release.metadata, spec.variant, runtime_options)
             runtimes.append(rt)
         for rt in runtimes:
@@ -183,7 +190,6 @@ def _boot(trust: Path, release_dir: Path, state_dir: Path, opts: ServeOptions, s
         for rt in runtimes:
             rt.close()
         raise
-    return release, spec, runtimes, runtime_options
 
 
 def _warm_up(runtime) -> None:
@@ -347,16 +353,7 @@ def _poll(trust: Path, state_dir: Path, opts: ServeOptions, state: ServeState, r
     runtimes = [dev.runtime]
     del dev
     trim_heap()
-    try:
-        for _ in range(opts.max_concurrent - 1):
-            rt, _, _ = boot_llm(release.payload, release.metadata, spec.variant, runtime_options)
-            runtimes.append(rt)
-        for rt in runtimes:
-            _warm_up(rt)
-    except BaseException:
-        for rt in runtimes:
-            rt.close()
-        raise
+    _more_slots(runtimes, release, spec, opts.max_concurrent, runtime_options)
     state.swap(ReleaseInfo(release.name, release.version, release.root_digest, spec.variant,
                            release.statement_digest), runtimes, spec.generation["max_context"])
     state.metrics.set_context(spec.generation["max_context"])
