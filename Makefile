@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.sealfl-installed
 
-.PHONY: demo test install bench bench-deploy bench-llm clean llm-deps llm-demo
+.PHONY: demo test install bench bench-deploy bench-llm clean llm-deps llm-demo deploy-demo
 
 # scripts/install-deploy-tools.sh: systemd-analyze, with which tests/deploy checks the device units.
 # scripts/install-faketime.sh: faketime for the TUF conformance suite's expiry tests.
@@ -34,6 +34,10 @@ llm-deps: $(STAMP)
 llm-demo: $(STAMP)
 	$(BIN)/sealfl llm-demo --out llm-out
 
+# A SuperLink and 4 SuperNodes over TLS on 127.0.0.1, a campaign, a release, a device (issue 19).
+deploy-demo: $(STAMP)
+	$(BIN)/sealfl deploy-demo --out deploy-out
+
 install: $(STAMP)
 
 demo: $(STAMP)
@@ -55,4 +59,4 @@ bench-llm: $(STAMP)
 	$(BIN)/python bench/llm.py --demo llm-out
 
 clean:
-	rm -rf $(VENV) demo-out llm-out .pytest_cache
+	rm -rf $(VENV) demo-out llm-out deploy-out .pytest_cache

@@ -58,6 +58,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
              "The whole path on the real four-hospital data, end to end."),
     "llm-demo": ("sealfl.platform.cli.demo", "llm_demo_app",
                  "Federated LoRA of SmolLM2-135M on four manuals, end to end."),
+    "deploy-demo": ("sealfl.platform.cli.demo", "deploy_demo_app",
+                    "A SuperLink and 4 SuperNodes over TLS on this machine, a campaign, a release, a device."),
 }
 
 
