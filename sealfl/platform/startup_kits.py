@@ -199,13 +199,19 @@ def write_startup_kits(consortium_dir: str | Path, name: str, partners: list[str
         else:
             atomic_write(kd / SUPERNODE_KEY_FILE, priv, 0o600)
         atomic_write(kd / (SUPERNODE_KEY_FILE + ".pub"), pub, 0o644)
+        own = p in (wrap_to or {})
         atomic_write(kd / "README.md", _readme(
             f"Partner kit of {p} (consortium {name})", f"the partner {p} only, on its own machine.",
-            f"sealfl partner start {kd.name} --superlink HOST:PORT",
+            f"sealfl partner start {kd.name} --superlink HOST:PORT"
+            + (" --key YOUR/partner_key.pem --data YOUR_DATA" if own else ""),
             ["kit.json: who you are in the consortium, the HE parameters",
-             "partner_key.pem (0600): your P-256 key; it signs your replies and unwraps your HE secret",
+             ("partner_key.pub.pem: the public half of the key you made ('sealfl partner keygen'); "
+              "your private partner_key.pem is not in this kit, give it with --key" if own else
+              "partner_key.pem (0600): your P-256 key; it signs your replies and unwraps your HE secret"),
              "he_secret.wrapped: the HE secret context, wrapped to your key",
-             "supernode_auth_key (0600) / .pub: your SuperNode's authentication key (Flower node auth)",
+             ("supernode_auth_key.wrapped: your SuperNode's authentication key (Flower node auth), wrapped to "
+              "your key; 'partner check' / 'partner start' unwrap it into supernode_auth_key (0600)" if own else
+              "supernode_auth_key (0600) / .pub: your SuperNode's authentication key (Flower node auth)"),
              "ca.crt: the consortium CA, to check the SuperLink's TLS certificate"]), 0o644)
         registered.append({"name": p, "public_key": pub.decode().strip()})
         kits[p] = kd.resolve()

@@ -103,6 +103,7 @@ def test_coordinator_directory_holds_no_private_key_of_a_partner_with_its_own_ke
         private = sorted(f.name for f in kd.iterdir() if _private_key_in(f.read_bytes()))
         assert private == [], (p, private)
         assert {"partner_key.pub.pem", "he_secret.wrapped", "supernode_auth_key.wrapped"} <= {f.name for f in kd.iterdir()}
+        assert "--key YOUR/partner_key.pem" in (kd / "README.md").read_text()
         # the public key in the kit is the partner's own
         assert (ECC.import_key((kd / "partner_key.pub.pem").read_bytes())
                 == ECC.import_key(privs[p]).public_key())
