@@ -25,7 +25,10 @@ partner start KIT``: the kit says who it is), else ``node_config["partner"]`` or
 ``node_config["partition-id"]`` (simulation: index into the consortium's partner list)
 within the consortium directory ``node_config["consortium-dir"]``, the one given to
 :func:`make_client_app`, or ``run_config["consortium-dir"]`` (``flwr run .`` in the
-local simulation federation).
+local simulation federation). ``node_config["partner-key"]`` names the partner's private
+key when it is not in the kit, ``node_config["data-path"]`` the partner's own data
+(``sealfl partner start KIT --key K --data PATH``); both come only from the node's own
+config: a ``data-path`` in the aggregator's round config is dropped (:func:`local_data`).
 
 :data:`app` is the module-level ClientApp that ``[tool.flwr.app.components]`` in
 ``pyproject.toml`` names (``flwr run``, SuperNodes); :func:`make_client_app` builds the
@@ -76,7 +79,8 @@ def task_of(kit: PartnerKit):
 def _resolve(context: Context, default_dir: str | None) -> tuple[PartnerKit, str]:
     cfg = context.node_config
     if "kit-dir" in cfg:  # a SuperNode started with its own kit (sealfl partner start KIT)
-        kit = load_kit(str(Path(str(cfg["kit-dir"])).resolve()))
+        key = cfg.get(PARTNER_KEY_KEY)
+        kit = load_kit(str(Path(str(cfg["kit-dir"])).resolve()), str(key) if key else None)
         return kit, kit.partner
     run_cfg = getattr(context, "run_config", None) or {}
     cdir = str(cfg.get("consortium-dir", default_dir or run_cfg.get("consortium-dir", "") or ""))
@@ -223,12 +227,26 @@ def sign_reply(kit: PartnerKit, msg: Message, content: RecordDict) -> RecordDict
     return content
 
 
+#: node_config keys: the partner's private key file and its own data (a file or directory)
+PARTNER_KEY_KEY = "partner-key"
+DATA_KEY = "data-path"
+
+
+def local_data(task, name: str, cfg, node_config=None):
+    """The partner's training data: ``task.load_data`` with the round config ``cfg``, where
+    ``data-path`` is the node's own (``node_config``) or absent -- never the aggregator's."""
+    conf = {k: v for k, v in dict(cfg).items() if k != DATA_KEY}
+    if node_config and node_config.get(DATA_KEY):
+        conf[DATA_KEY] = str(node_config[DATA_KEY])
+    return task.load_data(name, conf)
+
+
 def _open_round(msg: Message, context: Context, consortium_dir: str | None):
     """Common start of train/evaluate: kit, task, partner name, config, local data, decrypted global model."""
     kit, name = _resolve(context, consortium_dir)
     task = task_of(kit)
     cfg = msg.content[P.CONFIG]
-    data = task.load_data(name, cfg)
+    data = local_data(task, name, cfg, context.node_config)
     return kit, task, name, cfg, data, decode_global_state(msg.content[P.GLOBAL], kit, task, round_opt(cfg),
                                                            round_dp(cfg, context.node_config))
 
@@ -285,7 +303,7 @@ def handle_query(msg: Message, context: Context, consortium_dir: str | None = No
         return reply
     if what != P.QUERY_STATS:
         raise ClientError(f"unknown query {what!r}")
-    data = task.load_data(name, msg.content[P.CONFIG])
+    data = local_data(task, name, msg.content[P.CONFIG], context.node_config)
     blob = kit.codec.encrypt(task.local_stats(data), WIDE)
     content = RecordDict({
         P.STATS: ArrayRecord({P.STATS_CT: _array(blob)}),
@@ -373,7 +391,7 @@ def _evaluate_candidates(msg: Message, kit: PartnerKit, task, name: str, node_co
     ``global`` record, decrypted here like a training round's."""
     testpoint("gate-query")
     cfg = msg.content[P.CONFIG]
-    data = task.load_data(name, cfg)
+    data = local_data(task, name, cfg, node_config)
     params = mean = std = None
     if P.GLOBAL in msg.content:
         params, mean, std = decode_global(msg.content[P.GLOBAL], kit, task, round_opt(cfg),

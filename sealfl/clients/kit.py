@@ -10,6 +10,13 @@ Layout of ``<consortium>/partners/<slug>/`` (written by
 - ``he_secret.wrapped`` -- the HE secret context wrapped to that key
   (:mod:`sealfl.he.kit_wrap`, label :data:`HE_SECRET_LABEL`)
 
+A kit made from a partner's own public key (``sealfl partner keygen`` on the partner's
+machine, ``consortium create --partner-key NAME=PUB.pem`` at the coordinator) holds no
+``partner_key.pem``: the partner gives its private key (``--key``, or copies it into the
+kit), and the SuperNode authentication key comes wrapped to the same key
+(``supernode_auth_key.wrapped``, label :data:`SUPERNODE_KEY_LABEL`), unwrapped into the kit
+on the partner's machine by :func:`unwrap_supernode_key`.
+
 Kits of sealfl 0.1 are read too, for one release: ``"ckks"`` for ``"he"`` and
 ``ckks_secret.wrapped`` (wrapped with the label ``b"ckks-secret-context"``).
 """
@@ -36,6 +43,13 @@ HE_SECRET_FILE = "he_secret.wrapped"
 HE_SECRET_LABEL = b"he-secret-context"
 #: sealfl 0.1: (file, label) of the wrapped secret and the JSON key of the parameters
 _OLD_SECRET = ("ckks_secret.wrapped", b"ckks-secret-context")
+#: the partner's P-256 private key, in a kit the coordinator generated (the demo) or where the partner put it
+PARTNER_KEY_FILE = "partner_key.pem"
+PARTNER_PUB_FILE = "partner_key.pub.pem"
+#: the SuperNode authentication key wrapped to the partner's own key, and its label
+SUPERNODE_WRAPPED_FILE = "supernode_auth_key.wrapped"
+SUPERNODE_KEY_LABEL = b"supernode-auth-key"
+_MAX_KEY_FILE = 16 * 1024
 _OLD_PARAMS_KEY = "ckks"
 
 
@@ -76,17 +90,74 @@ def _check_kit_dir(d: Path) -> None:
                        f"{d}/partners/<name>{' (' + ', '.join(names[:8]) + ')' if names else ''}")
 
 
-def load_kit(path: str) -> PartnerKit:
-    """Load and unwrap the kit in directory ``path`` (cached per process).
+def load_partner_key(path: str | Path) -> ECC.EccKey:
+    """The partner's P-256 private key from the PEM file ``path``.
 
+    Raises KitError if it is missing, larger than 16 KiB, not a key, a public key only,
+    or not on P-256."""
+    p = Path(path)
+    try:
+        with open(p, "rb") as fh:
+            data = fh.read(_MAX_KEY_FILE + 1)
+    except OSError as exc:
+        raise KitError(f"cannot read the partner key {p}: {exc.strerror or exc}; give the partner_key.pem "
+                       "'sealfl partner keygen' wrote on this machine") from exc
+    if len(data) > _MAX_KEY_FILE:
+        raise KitError(f"{p} is larger than {_MAX_KEY_FILE} bytes; it is not a partner key")
+    try:
+        key = ECC.import_key(data)
+    except (ValueError, IndexError, TypeError) as exc:
+        raise KitError(f"{p} is not a PEM key ({exc}); give the partner_key.pem 'sealfl partner keygen' wrote") from exc
+    if not key.has_private():
+        raise KitError(f"{p} holds a public key only; give the private partner_key.pem (it never leaves this machine)")
+    if key.curve not in ("NIST P-256", "p256", "P-256", "secp256r1", "prime256v1"):
+        raise KitError(f"{p} is a {key.curve} key; a partner key is P-256 ('sealfl partner keygen')")
+    return key
+
+
+def _find_key(d: Path, key_path: str | Path | None) -> ECC.EccKey:
+    if key_path is not None:
+        return load_partner_key(key_path)
+    if not (d / PARTNER_KEY_FILE).exists():
+        raise KitError(f"startup kit {d} holds no {PARTNER_KEY_FILE}: it was made from your public key; give your "
+                       f"private key with --key PRIV.pem (what 'sealfl partner keygen' wrote) or copy it into the kit")
+    return load_partner_key(d / PARTNER_KEY_FILE)
+
+
+def unwrap_supernode_key(path: str | Path, key: ECC.EccKey) -> Path | None:
+    """In a kit made from the partner's public key, unwrap ``supernode_auth_key.wrapped``
+    with the partner's ``key`` into ``supernode_auth_key`` (0600, beside it) if that file is
+    not there yet. Returns the path written, or None if nothing was to do.
+
+    Raises KitError if the wrapped key does not open with ``key`` (another partner's key,
+    or a tampered file)."""
+    from sealfl.common.fsutil import atomic_write
+
+    d = Path(path)
+    target, wrapped = d / "supernode_auth_key", d / SUPERNODE_WRAPPED_FILE
+    if target.exists() or not wrapped.exists():
+        return None
+    try:
+        priv = unwrap(wrapped.read_bytes(), key, SUPERNODE_KEY_LABEL)
+    except KeyWrapError as exc:
+        raise KitError(f"startup kit {d}: {SUPERNODE_WRAPPED_FILE}: {exc}") from exc
+    atomic_write(target, priv, 0o600)
+    return target
+
+
+def load_kit(path: str, key_path: str | None = None) -> PartnerKit:
+    """Load and unwrap the kit in directory ``path``.
+
+    The partner's private key is ``key_path`` if given, else the kit's own
+    ``partner_key.pem``.
     Raises KitError naming the missing/unreadable file, or if the secret does not unwrap
-    with this kit's private key.
+    with the partner's private key.
     """
     d = Path(path)
     _check_kit_dir(d)
+    key = _find_key(d, key_path)
     try:
         meta = json.loads((d / "kit.json").read_text())
-        key = ECC.import_key((d / "partner_key.pem").read_bytes())
         secret_file, label = HE_SECRET_FILE, HE_SECRET_LABEL
         if not (d / secret_file).exists() and (d / _OLD_SECRET[0]).exists():
             secret_file, label = _OLD_SECRET
@@ -101,7 +172,7 @@ def load_kit(path: str) -> PartnerKit:
     try:
         secret = unwrap(wrapped, key, label)
     except KeyWrapError as exc:
-        raise KitError(f"startup kit {d}: {exc}") from exc
+        raise KitError(f"startup kit {d}: {exc} (is this partner's own private key the one given?)") from exc
     try:
         params = meta.get(HE_PARAMS_KEY, meta.get(_OLD_PARAMS_KEY))
         codec = codecs.from_bytes(secret, codecs.params_from_dict(params), bytes.fromhex(meta["context_id"]))

@@ -17,8 +17,12 @@ The HE secret context exists in memory only during the ceremony; on disk it is o
 ever wrapped (to each partner key) or, for the release enclave, sealed by the TEE
 (:func:`sealfl.platform.release.provision_release_enclave`).
 
-In a real deployment each partner generates its key at its own site and sends only
-the public key (``partner_public_keys``); the demo generates all of them here.
+In a real deployment each partner generates its key at its own site (``sealfl partner
+keygen``) and sends only the public key: ``create_consortium(..., public_keys={name: PEM})``
+wraps that partner's HE secret and SuperNode authentication key to it and writes no private
+key of that partner anywhere (its kit has ``partner_key.pub.pem`` but no ``partner_key.pem``,
+``supernode_auth_key.wrapped`` instead of ``supernode_auth_key``). Partners given without a
+key (the demo) get keys generated here.
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ from sealfl.he.errors import CiphertextError
 from sealfl.he.kit_wrap import wrap
 from sealfl.platform.errors import ConsortiumError
 
-__all__ = ["Consortium", "create_consortium", "PUBLIC_CONTEXT_FILE", "OLD_NAMES"]
+__all__ = ["Consortium", "create_consortium", "PUBLIC_CONTEXT_FILE", "OLD_NAMES", "check_partner_name",
+           "parse_public_key", "MAX_PARTNER_NAME"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +57,41 @@ PUBLIC_CONTEXT_FILE = "aggregator/public.he"
 #: sealfl 0.1 names still read for one release: new name -> old name
 OLD_NAMES = {PUBLIC_CONTEXT_FILE: "aggregator/public.ckks", HE_PARAMS_KEY: "ckks"}
 _MAX_FILE = 1 << 20
+#: the longest partner name accepted (characters)
+MAX_PARTNER_NAME = 64
+
+
+def check_partner_name(name: str) -> str:
+    """``name`` if it is a usable partner name: 1..64 printable characters, no leading or
+    trailing space, at least one letter or digit (its kit directory is :func:`slug` of it).
+    Raises ConsortiumError naming what is wrong."""
+    if not isinstance(name, str) or not name or len(name) > MAX_PARTNER_NAME:
+        raise ConsortiumError(f"partner name {str(name)[:80]!r}: give 1 to {MAX_PARTNER_NAME} characters")
+    if not name.isprintable() or name != name.strip():
+        raise ConsortiumError(f"partner name {name!r}: only printable characters, no leading/trailing spaces")
+    if not slug(name):
+        raise ConsortiumError(f"partner name {name!r} has no letter or digit (a-z, 0-9) for its kit directory name")
+    return name
+
+
+def parse_public_key(pem: bytes, where: str) -> ECC.EccKey:
+    """The P-256 PUBLIC key in the PEM bytes ``pem`` (from ``where``, for messages).
+
+    Raises ConsortiumError if it is larger than 16 KiB, not a key, not P-256 -- or a
+    private key (the partner must keep that; the message says so)."""
+    if len(pem) > 16 * 1024:
+        raise ConsortiumError(f"{where} is larger than 16 KiB; it is not a public key file")
+    try:
+        key = ECC.import_key(pem)
+    except (ValueError, IndexError, TypeError) as exc:
+        raise ConsortiumError(f"{where} is not a PEM public key ({exc}); ask the partner for the partner_key.pub.pem "
+                              "'sealfl partner keygen' wrote") from exc
+    if key.has_private():
+        raise ConsortiumError(f"{where} holds a PRIVATE key; the partner must keep it and send only "
+                              "partner_key.pub.pem -- make the partner a new key ('sealfl partner keygen')")
+    if key.curve != "NIST P-256":
+        raise ConsortiumError(f"{where} is a {key.curve} key; partner keys are P-256 ('sealfl partner keygen')")
+    return key
 
 
 @dataclass(frozen=True)
@@ -118,8 +158,8 @@ class Consortium:
 
 
 def create_consortium(d: str | Path, name: str, partners: list[str], *, params: codecs.Params | None = None,
-                      task: str = "heart", superlink_hosts: list[str] | tuple[str, ...] | None = None
-                      ) -> tuple[Consortium, codecs.Codec]:
+                      task: str = "heart", superlink_hosts: list[str] | tuple[str, ...] | None = None,
+                      public_keys: dict[str, bytes] | None = None) -> tuple[Consortium, codecs.Codec]:
     """Run the key ceremony and write the consortium directory.
 
     ``params`` picks the HE scheme (:mod:`sealfl.he.codecs`; default packed BFV).
@@ -128,6 +168,10 @@ def create_consortium(d: str | Path, name: str, partners: list[str], *, params: 
     Raises ConsortiumError if ``d`` is not empty, partner names collide (also after
     mapping to directory names), ``task`` is not a registered task
     (:mod:`sealfl.clients.plugins`), or a partner has no data for it.
+
+    ``public_keys`` maps partner names (each also in ``partners``) to the PEM public key the
+    partner made on its own machine; those partners bring their own data, their names are
+    only checked (:func:`check_partner_name`), and no private key of theirs is written.
 
     The deployment parts of the kits (consortium CA, SuperLink TLS certificate for
     ``superlink_hosts`` -- default 127.0.0.1 and localhost --, SuperNode authentication
@@ -142,6 +186,13 @@ def create_consortium(d: str | Path, name: str, partners: list[str], *, params: 
         raise ConsortiumError(f"{d} already holds a consortium; choose another directory")
     if d.exists() and (not d.is_dir() or any(d.iterdir())):
         raise ConsortiumError(f"{d} exists and is not an empty directory; choose a new directory")
+    public_keys = dict(public_keys or {})
+    for p in partners:
+        check_partner_name(p)
+    stray = [p for p in public_keys if p not in partners]
+    if stray:
+        raise ConsortiumError(f"public keys given for partners not in the consortium: {', '.join(stray)}")
+    given = {p: parse_public_key(pem, f"the public key of partner {p!r}") for p, pem in public_keys.items()}
     if len(set(partners)) != len(partners) or len(partners) < 2:
         raise ConsortiumError("need at least 2 partners with distinct names")
     slugs = [slug(p) for p in partners]
@@ -151,10 +202,11 @@ def create_consortium(d: str | Path, name: str, partners: list[str], *, params: 
         the_task = get_task(task)
     except ClientError as exc:
         raise ConsortiumError(str(exc)) from exc
-    unknown = [p for p in partners if p not in the_task.partners]
+    unknown = [p for p in partners if p not in the_task.partners and p not in given]
     if unknown:
         raise ConsortiumError(f"the {task} task has data for {the_task.partners_doc} {', '.join(the_task.partners)} "
-                              f"only; unknown partner(s): {', '.join(unknown)}")
+                              f"only; unknown partner(s): {', '.join(unknown)} (a partner with its own data "
+                              "joins with --partner-key NAME=PUB.pem)")
     t0 = time.perf_counter()
     codec = codecs.generate(params)
     secret = codec.secret_context_bytes()
@@ -167,15 +219,19 @@ def create_consortium(d: str | Path, name: str, partners: list[str], *, params: 
     for i, partner in enumerate(partners):
         kd = kit_dir(d, partner)
         kd.mkdir(parents=True, exist_ok=True)
-        key = ECC.generate(curve="P-256")
-        atomic_write(kd / "partner_key.pem", key.export_key(format="PEM").encode(), 0o600)
-        atomic_write(kd / "partner_key.pub.pem", key.public_key().export_key(format="PEM").encode(), 0o644)
-        atomic_write(kd / HE_SECRET_FILE, wrap(secret, key.public_key(), HE_SECRET_LABEL), 0o600)
+        if partner in given:  # the partner's own key: only its public half is here
+            pub = given[partner]
+        else:  # the demo: the coordinator makes the partner's key
+            key = ECC.generate(curve="P-256")
+            atomic_write(kd / "partner_key.pem", key.export_key(format="PEM").encode(), 0o600)
+            pub = key.public_key()
+        atomic_write(kd / "partner_key.pub.pem", pub.export_key(format="PEM").encode(), 0o644)
+        atomic_write(kd / HE_SECRET_FILE, wrap(secret, pub, HE_SECRET_LABEL), 0o600)
         atomic_write(kd / "kit.json", json.dumps({
             "partner": partner, "index": i, "consortium": name, HE_PARAMS_KEY: codec.params.to_dict(),
             "context_id": codec.context_id.hex(), "task": task,
         }, indent=2).encode(), 0o644)
-    write_startup_kits(d, name, partners, superlink_hosts)
+    write_startup_kits(d, name, partners, superlink_hosts, wrap_to=given)
     atomic_write(d / CONSORTIUM_FILE, json.dumps({
         "name": name, "partners": partners, HE_PARAMS_KEY: codec.params.to_dict(),
         "context_id": codec.context_id.hex(), "task": task, "created": time.time(),

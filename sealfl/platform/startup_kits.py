@@ -45,8 +45,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from sealfl.clients.kit import kit_dir
+from sealfl.clients.kit import SUPERNODE_KEY_LABEL, SUPERNODE_WRAPPED_FILE, kit_dir
 from sealfl.common.fsutil import atomic_write
+from sealfl.he.kit_wrap import wrap
 from sealfl.platform.errors import ConsortiumError
 
 __all__ = ["DEFAULT_SUPERLINK_HOSTS", "KitPaths", "write_startup_kits", "supernode_key_pair", "san_entries",
@@ -165,10 +166,13 @@ def _readme(title: str, who: str, command: str, holds: list[str]) -> bytes:
 
 
 def write_startup_kits(consortium_dir: str | Path, name: str, partners: list[str],
-                       superlink_hosts: list[str] | tuple[str, ...] = DEFAULT_SUPERLINK_HOSTS) -> KitPaths:
+                       superlink_hosts: list[str] | tuple[str, ...] = DEFAULT_SUPERLINK_HOSTS,
+                       wrap_to: dict | None = None) -> KitPaths:
     """Write the CA, the SuperLink kit and the deployment parts of the aggregator's and
     every partner's kit (layout in the module docstring). The partner kit directories must
     exist already (:func:`sealfl.platform.consortium.create_consortium` makes them).
+    ``wrap_to`` maps partner names to their own P-256 public keys (``ECC.EccKey``): such a
+    partner's SuperNode key is written only wrapped to it (``supernode_auth_key.wrapped``).
 
     Raises ConsortiumError for a bad ``superlink_hosts`` entry (before anything is written).
     """
@@ -190,15 +194,24 @@ def write_startup_kits(consortium_dir: str | Path, name: str, partners: list[str
         kd = kit_dir(d, p)
         priv, pub = supernode_key_pair()
         atomic_write(kd / CA_FILE, ca_pem, 0o644)
-        atomic_write(kd / SUPERNODE_KEY_FILE, priv, 0o600)
+        if p in (wrap_to or {}):
+            atomic_write(kd / SUPERNODE_WRAPPED_FILE, wrap(priv, wrap_to[p], SUPERNODE_KEY_LABEL), 0o600)
+        else:
+            atomic_write(kd / SUPERNODE_KEY_FILE, priv, 0o600)
         atomic_write(kd / (SUPERNODE_KEY_FILE + ".pub"), pub, 0o644)
+        own = p in (wrap_to or {})
         atomic_write(kd / "README.md", _readme(
             f"Partner kit of {p} (consortium {name})", f"the partner {p} only, on its own machine.",
-            f"sealfl partner start {kd.name} --superlink HOST:PORT",
+            f"sealfl partner start {kd.name} --superlink HOST:PORT"
+            + (" --key YOUR/partner_key.pem --data YOUR_DATA" if own else ""),
             ["kit.json: who you are in the consortium, the HE parameters",
-             "partner_key.pem (0600): your P-256 key; it signs your replies and unwraps your HE secret",
+             ("partner_key.pub.pem: the public half of the key you made ('sealfl partner keygen'); "
+              "your private partner_key.pem is not in this kit, give it with --key" if own else
+              "partner_key.pem (0600): your P-256 key; it signs your replies and unwraps your HE secret"),
              "he_secret.wrapped: the HE secret context, wrapped to your key",
-             "supernode_auth_key (0600) / .pub: your SuperNode's authentication key (Flower node auth)",
+             ("supernode_auth_key.wrapped: your SuperNode's authentication key (Flower node auth), wrapped to "
+              "your key; 'partner check' / 'partner start' unwrap it into supernode_auth_key (0600)" if own else
+              "supernode_auth_key (0600) / .pub: your SuperNode's authentication key (Flower node auth)"),
              "ca.crt: the consortium CA, to check the SuperLink's TLS certificate"]), 0o644)
         registered.append({"name": p, "public_key": pub.decode().strip()})
         kits[p] = kd.resolve()

@@ -39,7 +39,7 @@ from sealfl.clients.errors import DataError
 
 __all__ = ["CorpusError", "PARTNER_MANUALS", "LICENCE", "SOURCE", "HELDOUT_FRACTION", "CHUNK_CHARS",
            "MAX_FILE_BYTES", "MAX_MANUAL_BYTES", "PartnerText", "find_sources_dir", "read_manual",
-           "split_text", "load_partner_text"]
+           "split_text", "load_partner_text", "load_own_text", "OWN_TEXT_SUFFIXES"]
 
 log = logging.getLogger(__name__)
 
@@ -145,8 +145,9 @@ def _read_file(root_fd: int, rel: str, remaining: int) -> str:
         raise CorpusError(f"corpus file {rel} is not UTF-8 text (byte {exc.start}); reinstall the documentation") from exc
 
 
-def read_manual(sources: str | os.PathLike, manual: str) -> dict[str, str]:
-    """Read every ``*.rst.txt`` document of one manual (recursively), sorted by path.
+def read_manual(sources: str | os.PathLike, manual: str, suffixes: tuple[str, ...] = (".rst.txt",)) -> dict[str, str]:
+    """Read every document of one manual whose name ends with one of ``suffixes``
+    (default ``*.rst.txt``; recursively), sorted by path.
 
     Returns:
         ``{path relative to sources: text}`` (at least one document).
@@ -162,12 +163,12 @@ def read_manual(sources: str | os.PathLike, manual: str) -> dict[str, str]:
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         dirnames.sort()
         for f in sorted(filenames):
-            if f.endswith(".rst.txt"):
+            if f.endswith(suffixes):
                 rels.append(os.path.relpath(os.path.join(dirpath, f), sources))
         if len(rels) > MAX_FILES:
             raise CorpusError(f"manual {manual!r} has more than {MAX_FILES} documents")
     if not rels:
-        raise CorpusError(f"manual {manual!r} under {sources} has no *.rst.txt documents")
+        raise CorpusError(f"manual {manual!r} under {sources} has no {' / '.join('*' + x for x in suffixes)} documents")
     out: dict[str, str] = {}
     total = 0
     dfd = os.open(str(sources), os.O_RDONLY | os.O_DIRECTORY)
@@ -244,3 +245,25 @@ def load_partner_text(partner: str, sources: str | os.PathLike | None = None, se
     train, held = split_text(docs, seed=seed)
     log.info("partner %s: %d documents, %d train / %d held-out chunks", partner, len(docs), len(train), len(held))
     return PartnerText(partner, PARTNER_MANUALS[partner], tuple(sorted(docs)), tuple(train), tuple(held))
+
+
+#: documents read from a partner's own text directory (``sealfl partner start KIT --data DIR``)
+OWN_TEXT_SUFFIXES = (".txt", ".md", ".rst")
+
+
+def load_own_text(partner: str, directory: str | os.PathLike, seed: int = 0) -> PartnerText:
+    """Read and split a partner's own directory of text files (``*.txt``, ``*.md``,
+    ``*.rst``, recursively; the same checks and caps as a manual: regular files only, no
+    symbolic links, UTF-8, at most :data:`MAX_FILES` files and :data:`MAX_MANUAL_BYTES`).
+
+    Raises:
+        CorpusError: not a directory, no text file, or a bad file (named).
+    """
+    d = Path(directory).absolute()
+    if not d.is_dir() or d.is_symlink():
+        raise CorpusError(f"--data {d} is not a directory; the causal-LM task reads a directory of text files "
+                          f"({', '.join('*' + x for x in OWN_TEXT_SUFFIXES)})")
+    docs = read_manual(d.parent, d.name, OWN_TEXT_SUFFIXES)
+    train, held = split_text(docs, seed=seed)
+    log.info("partner %s: %d own documents, %d train / %d held-out chunks", partner, len(docs), len(train), len(held))
+    return PartnerText(partner, str(d), tuple(sorted(docs)), tuple(train), tuple(held))

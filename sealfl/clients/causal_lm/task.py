@@ -144,7 +144,12 @@ class CausalLMTask:
         """Tokenised training and held-out blocks of the partner's manual."""
         b = self.bundle()
         L = int(config.get("block-len", 128))
-        pt = load_partner_text(partner, seed=int(config.get("data-seed", 0)))
+        if config.get("data-path"):  # the partner's own directory of text files
+            from sealfl.clients.causal_lm.corpus import load_own_text
+
+            pt = load_own_text(partner, str(config["data-path"]), seed=int(config.get("data-seed", 0)))
+        else:
+            pt = load_partner_text(partner, seed=int(config.get("data-seed", 0)))
         eos = int(b.generation["eos_token_ids"][0])
         train = token_blocks(b.tokenizer_json, pt.train, L, eos)
         held = token_blocks(b.tokenizer_json, pt.heldout, L, eos, max_blocks=int(config.get("eval-blocks", 8)))

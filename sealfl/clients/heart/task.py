@@ -105,7 +105,13 @@ class HeartTask:
                 "proximal-mu": d.proximal_mu}
 
     def load_data(self, partner: str, config) -> object:
-        """The partner's FLamby split (:func:`sealfl.clients.heart.data.load_partition`)."""
+        """The partner's own CSV if ``config["data-path"]`` names one
+        (:func:`sealfl.clients.heart.own_data.load_own_partition`), else its bundled FLamby
+        split (:func:`sealfl.clients.heart.data.load_partition`)."""
+        if config.get("data-path"):
+            from sealfl.clients.heart.own_data import load_own_partition
+
+            return load_own_partition(str(config["data-path"]), partner, seed=int(config.get("data-seed", 42)))
         return load_partition(partner, seed=int(config.get("data-seed", 42)))
 
     def local_stats(self, data) -> np.ndarray:

@@ -6,7 +6,7 @@
 ``superlink``      coordinator: run the SuperLink from its kit (:mod:`.superlink`)
 ``release``        coordinator: build, gate, sign and attest a release (:mod:`.release`)
 ``repo``           coordinator: the TUF repository devices update from (:mod:`.repo`)
-``partner``        partner: check a startup kit and the local data (:mod:`.partner`)
+``partner``        partner: make its key, check a startup kit and its data (:mod:`.partner`)
 ``device``         device: provision, boot, generate, serve, attest, doctor (:mod:`.device`)
 ``verify``         anyone: check a release without loading it (:mod:`.device`)
 ``attest`` ``kbs``  verifier and key broker (:mod:`.attest`)
@@ -45,7 +45,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "repo": ("sealfl.platform.cli.repo", "app",
              "Coordinator: the TUF repository devices update from (init, publish, serve, rotate)."),
     "partner": ("sealfl.platform.cli.partner", "app",
-                "Partner: check a startup kit and the local data, run the SuperNode that joins campaigns."),
+                "Partner: make its own key, check a startup kit and its data, run the SuperNode that joins campaigns."),
     "device": ("sealfl.platform.cli.device", "app",
                "Device: provision, verify, boot, serve and attest releases in the sandboxed runtime."),
     "verify": ("sealfl.platform.cli.device", "verify_app",

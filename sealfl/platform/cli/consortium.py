@@ -31,6 +31,11 @@ def create(
     tee: str = typer.Option("sim", "--tee", help="The release enclave's TEE: 'sim' (an INSECURE, labelled "
                             "simulation for tests and demos) or 'tpm' (TPM 2.0 via SEALFL_TPM_TCTI; the "
                             "release-enclave role's handles, see docs/device.md 'Device trust on a TPM 2.0')."),
+    partner_key: Optional[list[str]] = typer.Option(None, "--partner-key",
+                                                    help="NAME=PUB.pem (repeat): a partner that made its key on its "
+                                                         "own machine ('sealfl partner keygen') and sent only the "
+                                                         "public half; its kit is wrapped to that key and it brings "
+                                                         "its own data (any printable name, at most 64 characters)."),
     superlink_host: Optional[list[str]] = typer.Option(None, "--superlink-host",
                                                        help="Name or IP address partners reach the SuperLink at "
                                                             "(repeat; the TLS certificate's SAN). Default: 127.0.0.1 "
@@ -52,10 +57,24 @@ def create(
     if not os.access(parent, os.W_OK | os.X_OK):
         fail(f"cannot create the consortium in {directory}: {parent} is not writable by this user; choose a "
              "directory you can write")
+    from sealfl.common.fsutil import read_capped
+
+    keys: dict[str, bytes] = {}
+    for item in partner_key or []:
+        pname, sep, pub = item.partition("=")
+        if not sep or not pname or not pub:
+            fail(f"--partner-key {item[:80]!r}: give NAME=PUB.pem (the partner's name and its partner_key.pub.pem)")
+        if pname in keys:
+            fail(f"--partner-key: partner {pname!r} is given twice; each partner once")
+        try:
+            keys[pname] = read_capped(Path(pub), 16 * 1024)
+        except OSError as exc:
+            fail(f"--partner-key {pname}: cannot read {pub}: {exc.strerror or exc}")
     try:
         name = name or task
-        cons, codec = create_consortium(directory, name, list(partner or get_task(task).partners), task=task,
-                                        params=params_for(he), superlink_hosts=superlink_host)
+        named = list(partner or ([] if keys else get_task(task).partners))
+        cons, codec = create_consortium(directory, name, named + [k for k in keys if k not in named], task=task,
+                                        params=params_for(he), superlink_hosts=superlink_host, public_keys=keys)
         provision_release_enclave(cons, codec.secret_context_bytes(), backend=tee)
     except SealflError as exc:
         fail(str(exc))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -14,28 +15,79 @@ __all__ = ["app"]
 app = command_group("partner")
 
 
+KEY_OPTION = typer.Option(None, "--key", help="Your private partner_key.pem ('sealfl partner keygen'), when the kit "
+                                                "was made from your public key and the key is not in the kit.")
+DATA_OPTION = typer.Option(None, "--data", help="Your own data: heart: a CSV with heart_disease_uci.csv's columns "
+                                                "(docs/partner.md); causal-lm: a directory of text files. Default: "
+                                                "the bundled demo data of this partner.")
+
+
+@app.command("keygen")
+def keygen(
+    directory: Path = typer.Argument(..., help="Where to write partner_key.pem (0600) and partner_key.pub.pem."),
+) -> None:
+    """Make this partner's P-256 key pair here, on the partner's machine. Send only
+    partner_key.pub.pem to the coordinator (consortium create --partner-key NAME=PUB.pem);
+    partner_key.pem never leaves this machine."""
+    from Crypto.PublicKey import ECC
+
+    from sealfl.clients.kit import PARTNER_KEY_FILE, PARTNER_PUB_FILE
+    from sealfl.common.fsutil import atomic_write
+
+    priv, pub = directory / PARTNER_KEY_FILE, directory / PARTNER_PUB_FILE
+    if priv.exists() or pub.exists():
+        fail(f"{directory} already holds a partner key ({priv.name}); keep it, or choose another directory")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        key = ECC.generate(curve="P-256")
+        atomic_write(priv, key.export_key(format="PEM").encode(), 0o600)
+        atomic_write(pub, key.public_key().export_key(format="PEM").encode(), 0o644)
+    except OSError as exc:
+        fail(f"cannot write the key into {directory}: {exc.strerror or exc}; choose a directory you can write")
+    console.print(f"partner key written: {priv} (private, 0600: it never leaves this machine); send {pub} to the "
+                  "coordinator (consortium create --partner-key NAME=" + pub.name + ")", highlight=False)
+
+
+def _open(kit: Path, key: Path | None):
+    """Load the kit with the partner's key and unwrap its SuperNode key into the kit."""
+    from sealfl.clients.kit import load_kit, unwrap_supernode_key
+
+    k = load_kit(str(kit.resolve()), str(key.resolve()) if key else None)
+    unwrap_supernode_key(kit, k.signing_key)
+    return k
+
+
+def _data_config(task, data: Path | None) -> dict:
+    conf = dict(task.train_defaults())
+    if data is not None:
+        conf["data-path"] = str(data.resolve())
+    return conf
+
+
 @app.command("check")
 def check(
     kit: Path = typer.Argument(..., help="The partner's startup kit directory (consortium/partners/<name>)."),
+    key: Optional[Path] = KEY_OPTION,
+    data: Optional[Path] = DATA_OPTION,
 ) -> None:
     """Unwrap the kit's HE secret with the partner key, round-trip a test ciphertext, and
-    load the partner's own data split. Nothing leaves this machine."""
+    load the partner's data (its own with --data). Nothing leaves this machine."""
     import numpy as np
 
-    from sealfl.clients.kit import load_kit
     from sealfl.clients.plugins import get_task
 
     try:
-        k = load_kit(str(kit))
+        k = _open(kit, key)
         probe = np.array([1.25, -2.5, 3.0])
         err_max = float(np.max(np.abs(k.codec.decrypt(k.codec.encrypt(probe)) - probe)))
         task = get_task(k.task)
-        data = task.load_data(k.partner, task.train_defaults())
+        loaded = task.load_data(k.partner, _data_config(task, data))
     except (SealflError, OSError) as exc:
         fail(str(exc))
     console.print(f"partner [bold]{k.partner}[/] of consortium {k.consortium} (task {task.name}): HE secret "
                   f"unwrapped (context {k.codec.context_id.hex()[:16]}…, round-trip error {err_max:.1e}); "
-                  f"data: {task.n_train(data)} training examples")
+                  f"data{' ' + str(data) if data else ' (bundled)'}: {task.n_train(loaded)} training examples",
+                  highlight=False)
 
 
 def _free_port() -> int:
@@ -46,14 +98,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _warm_up(kit) -> None:
+def _warm_up(kit, data: Path | None = None) -> None:
     """Import the partner's handlers and task once, in this long-lived process (what every
-    per-message ClientApp process paid before the relay)."""
+    per-message ClientApp process paid before the relay); a bad --data is refused here."""
     import sealfl.clients.app  # noqa: F401 - the handlers the relay calls
     from sealfl.clients.plugins import get_task
 
     task = get_task(kit.task)
-    task.load_data(kit.partner, task.train_defaults())
+    task.load_data(kit.partner, _data_config(task, data))
 
 
 @app.command("start")
@@ -63,6 +115,8 @@ def start(
     port: int = typer.Option(0, min=0, max=65535, help="Local port of this SuperNode's ClientApp API on 127.0.0.1 "
                                                        "(0: a free one; two SuperNodes on one host need two ports)."),
     log_file: Path = typer.Option(None, "--log", help="SuperNode log (default: supernode-<partner>.log here)."),
+    key: Optional[Path] = KEY_OPTION,
+    data: Optional[Path] = DATA_OPTION,
 ) -> None:
     """Run a Flower SuperNode with this kit: TLS against the kit's CA, node authentication with
     the kit's key; this process loads the kit, the task and the data once and answers every
@@ -75,7 +129,7 @@ def start(
         import shutil
         import tempfile
 
-        from sealfl.clients.kit import load_kit
+        from sealfl.clients.app import DATA_KEY, PARTNER_KEY_KEY
         from sealfl.clients.relay import PartnerRelay
         from sealfl.common.errors import Interrupted
         from sealfl.platform import flwr_cli
@@ -85,9 +139,14 @@ def start(
         relay_dir = tempfile.mkdtemp(prefix="sealfl-partner-")  # mode 0700: the relay socket's directory
         relay = None
         try:
-            k = load_kit(str(kit.resolve()))  # the kit opens here, before anything connects
-            relay = PartnerRelay(os.path.join(relay_dir, "relay.sock"), {"kit-dir": str(kit.resolve())})
-            _warm_up(k)
+            k = _open(kit, key)  # the kit opens here, before anything connects
+            node = {"kit-dir": str(kit.resolve())}
+            if key is not None:
+                node[PARTNER_KEY_KEY] = str(key.resolve())
+            if data is not None:
+                node[DATA_KEY] = str(data.resolve())
+            relay = PartnerRelay(os.path.join(relay_dir, "relay.sock"), node)
+            _warm_up(k, data)
             relay.start()
             cmd = supernode_command(kit, superlink, port or _free_port(), relay_socket=relay.path)
             log_path = log_file or Path(f"supernode-{kit.resolve().name}.log")
