@@ -63,12 +63,17 @@ def test_consortium_refuses_colliding_or_unknown_partners(tmp_path):
         create_consortium(tmp_path / "c", "t", ["Cleveland", "Hungary"])
 
 
-def test_kit_files_mixed_between_partners_are_refused(tmp_path):
+def test_kind_a_kit_copied_under_any_directory_name_opens_as_its_partner(tmp_path):
+    import shutil
+
     cons, _ = create_consortium(tmp_path / "c", "t", ["Cleveland", "Hungary"])
-    a, b = kit_dir(cons.dir, "Cleveland"), kit_dir(cons.dir, "Hungary")
-    (a / "kit.json").write_text((b / "kit.json").read_text())
-    with pytest.raises(KitError, match="mixed up"):
-        load_kit(str(a))
+    site = tmp_path / "site" / "kit"  # as the README's partner quickstart copies it
+    shutil.copytree(kit_dir(cons.dir, "Cleveland"), site)
+    assert load_kit(str(site)).partner == "Cleveland"
+    b = kit_dir(cons.dir, "Hungary")
+    (site / "he_secret.wrapped").write_bytes((b / "he_secret.wrapped").read_bytes())  # mixed-up files
+    with pytest.raises(KitError):
+        load_kit(str(site))
 
 
 def test_a_sealfl_0_1_consortium_is_read_with_its_old_names(tmp_path):
