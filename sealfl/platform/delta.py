@@ -20,7 +20,7 @@ from sealfl.attestation.delta import ALGORITHM, DELTA_FILE, PATCH_DIR
 from sealfl.common.errors import SealflError
 from sealfl.common.fsutil import atomic_write
 
-__all__ = ["DeltaBuildError", "DeltaSummary", "make_delta"]
+__all__ = ["DeltaBuildError", "DeltaSummary", "make_delta", "delta_for_consortium"]
 
 
 class DeltaBuildError(SealflError):
@@ -97,3 +97,14 @@ def make_delta(enclave, trust_dir: str | os.PathLike, old_dir: str | os.PathLike
     return DeltaSummary(out, new.name, old.version, new.version, old.root_digest, new.root_digest,
                         sum(map(len, patches.values())) + len(statement), sum(map(len, new_files.values())),
                         tuple(e["name"] for e in entries if e["patch"]))
+
+
+def delta_for_consortium(consortium_dir: str | os.PathLike, old_dir: str | os.PathLike, new_dir: str | os.PathLike,
+                         out_dir: str | os.PathLike) -> DeltaSummary:
+    """:func:`make_delta` with the consortium's release enclave (signs) and trust directory."""
+    from sealfl.enclave.release.enclave import ReleaseEnclave
+    from sealfl.platform.consortium import Consortium
+    from sealfl.platform.release import enclave_dir, trust_dir
+
+    cons = Consortium.load(consortium_dir)
+    return make_delta(ReleaseEnclave.open(enclave_dir(cons)), trust_dir(cons), old_dir, new_dir, out_dir)

@@ -33,7 +33,7 @@ from sealfl.attestation.errors import DeltaError, TrustAnchorError, Verification
 from sealfl.attestation.trust import load_trust_anchors
 from sealfl.enclave.device.verify import verify_dir
 
-__all__ = ["read_delta_statement", "apply_delta"]
+__all__ = ["read_delta_statement", "delta_files", "apply_delta"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,21 @@ def read_delta_statement(trust_dir: str | os.PathLike, delta_dir: str | os.PathL
     """
     data = _read_capped(Path(delta_dir) / DELTA_FILE, MAX_STATEMENT_BYTES, "the delta statement")
     return _verify_statement(data, load_trust_anchors(trust_dir).release_public_keys)
+
+
+def delta_files(delta_dir: str | os.PathLike, statement: DeltaStatement) -> dict[str, bytes]:
+    """``{"delta.dsse.json": bytes, "<patch>": bytes}`` of a delta directory, each patch
+    capped at its signed length (what ``sealfl repo publish --delta`` publishes).
+
+    Raises:
+        DeltaError: a file is missing or longer than signed.
+    """
+    root = Path(delta_dir)
+    out = {DELTA_FILE: _read_capped(root / DELTA_FILE, MAX_STATEMENT_BYTES, "the delta statement")}
+    for f in statement.files:
+        if f.patch is not None:
+            out[f.patch] = _read_capped(root / PATCH_DIR / f.patch, f.patch_length, "patch")
+    return out
 
 
 def apply_delta(trust_dir: str | os.PathLike, base_dir: str | os.PathLike, delta_dir: str | os.PathLike,
