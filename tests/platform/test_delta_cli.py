@@ -53,9 +53,14 @@ def test_release_delta_published_and_applied_by_the_cli(tmp_path):
     assert "published the delta from v3" in pub.stdout
 
     boot(trust, v3, tmp_path / "dev", backend="sim").close()
+    boot(trust, v3, tmp_path / "dev-full", backend="sim").close()
     with RepoServer(Repository(tmp_path / "repo").www) as server:
         up = _cli("device", "update", "--trust", trust, "--state", tmp_path / "dev", "--repo", server.url,
                   "--tee", "sim", "--json")
+        full = _cli("device", "update", "--trust", trust, "--state", tmp_path / "dev-full", "--repo", server.url,
+                    "--tee", "sim", "--no-delta", "--json")
+    assert full.returncode == 0, full.stderr
+    assert json.loads(full.stdout.strip().splitlines()[-1])["via"] == "full"
     assert up.returncode == 0, up.stderr
     assert json.loads(up.stdout.strip().splitlines()[-1]) | {"root_digest": None} == {
         "action": "installed", "name": NAME, "version": 4, "root_digest": None, "via": "delta", "delta_refused": None}

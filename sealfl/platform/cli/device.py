@@ -52,7 +52,7 @@ def _boot(trust: Path, release_dir: Path, state: Path, *, tee: str | None = None
     try:
         outcome = boot_or_last_good(trust, release_dir, state, backend=_check_tee(tee), key_source=keys,
                                     variant=variant, require_llm=require_llm,
-                                    on_refused=lambda exc: _say(f"refused: {exc}"), prefer_delta=not no_delta)
+                                    on_refused=lambda exc: _say(f"refused: {exc}"))
     except NothingRuns as exc:
         fail(f"nothing runs: {exc}", exit_code_of(exc))
     except BootError as exc:
@@ -400,7 +400,7 @@ def update(
     limits = dataclasses.replace(DEFAULT_LIMITS, socket_timeout_s=timeout, download_deadline_s=deadline)
     try:
         res = run_update(trust, repo, state, name=name, backend=_check_tee(tee), limits=limits,
-                         on_refused=lambda exc: _say(f"refused: {exc}"))
+                         on_refused=lambda exc: _say(f"refused: {exc}"), prefer_delta=not no_delta)
     except UpdateError as exc:
         from sealfl.enclave.device.boot import read_device_state
 
