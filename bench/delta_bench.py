@@ -81,6 +81,8 @@ def main() -> None:
         d_med, f_med = statistics.median(times["delta"]), statistics.median(times["full"])
         out = {"task": "heart", "rounds": [ROUNDS, ROUNDS + 1], "patch_bytes": summary.patch_bytes,
                "full_bytes": summary.full_bytes, "patched_files": list(summary.patched), "make_delta_s": make_s,
+               "files": {f.name: {"bytes": f.length, "patch_bytes": f.patch_length,
+                                  "patched_from": "base" if f.source else "empty"} for f in st.files},
                "update_s": times, "llm": "not measured: no llm-out/ here (needs `make llm-demo`)",
                "summary": {"delta.patch_over_full": summary.patch_bytes / summary.full_bytes,
                            "delta.update_time_ratio": d_med / f_med},
