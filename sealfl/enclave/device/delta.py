@@ -25,8 +25,6 @@ import logging
 import os
 from pathlib import Path
 
-import hdiffpatch
-
 from sealfl.attestation.delta import DELTA_FILE, MAX_STATEMENT_BYTES, PATCH_DIR, DeltaStatement, check_patch_header
 from sealfl.attestation.delta import verify_delta_statement as _verify_statement
 from sealfl.attestation.errors import DeltaError, TrustAnchorError, VerificationError
@@ -106,6 +104,8 @@ def apply_delta(trust_dir: str | os.PathLike, base_dir: str | os.PathLike, delta
     if (base.name, base.version, base.root_digest) != (st.name, st.base_version, st.base_root_digest):
         raise DeltaError(f"the base release is {base.name} v{base.version} ({base.root_digest}), the delta's base is "
                          f"{st.name} v{st.base_version} ({st.base_root_digest})")
+    import hdiffpatch  # a 38 MB extension: loaded only when a delta is applied
+
     out = Path(out_dir)
     out.mkdir(mode=0o700)
     base_files, patch_dir = base.files(), Path(delta_dir) / PATCH_DIR
