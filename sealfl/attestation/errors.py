@@ -62,6 +62,11 @@ class ProvenanceError(AttestationError):
     bound to another release (:mod:`sealfl.attestation.provenance`)."""
 
 
+class DeltaError(AttestationError):
+    """A signed delta is malformed, not signed by a pinned release key, made for another base
+    release, or its patches do not produce the release it promises (:mod:`sealfl.attestation.delta`)."""
+
+
 class AuditError(AttestationError):
     """Public evidence given to an audit is unreadable or malformed (:mod:`sealfl.attestation.audit`)."""
 

@@ -36,7 +36,7 @@ from sealfl.attestation.errors import AttestationError
 from sealfl.common.fields import MAX_VERSION
 
 __all__ = ["INDEX_SCHEMA", "TUF_ROOT_FILE", "INDEX_TARGET", "MAX_INDEX_BYTES", "MAX_RELEASE_FILES", "RepoIndexError",
-           "IndexedRelease", "UpdateChoice", "target_path", "custom_of", "index_bytes", "parse_index",
+           "IndexedRelease", "UpdateChoice", "target_path", "delta_target_path", "custom_of", "index_bytes", "parse_index",
            "check_target_custom", "choose_update", "check_claims"]
 
 INDEX_SCHEMA = "sealfl.repo-index/v1"
@@ -88,6 +88,15 @@ class UpdateChoice:
 def target_path(name: str, version: int, file: str) -> str:
     """``releases/<name>/<version>/<file>``."""
     return f"releases/{name}/{version}/{file}"
+
+
+def delta_target_path(name: str, version: int, base_root_digest: str, file: str) -> str:
+    """``deltas/<name>/<version>/<base root digest>/<file>``: a signed delta to release
+    ``name`` v``version`` from the release of that root digest (``file`` is
+    ``delta.dsse.json`` or a patch name: :mod:`sealfl.attestation.delta`). A device looks
+    only under its own running release's root digest, so it never even fetches a delta made
+    for another base."""
+    return f"deltas/{name}/{version}/{base_root_digest}/{file}"
 
 
 def custom_of(name: str, version: int, root_digest: str) -> dict:

@@ -13,16 +13,22 @@ nothing on the device; ``state_dir/update.json`` records the check and its resul
    hash-checked by TUF, parsed strictly; :func:`~sealfl.attestation.repo_index.choose_update`
    picks the newest release of the device's release name -- an older one than the running
    release is refused (the device never goes back), the same one means up to date;
-4. every file of that release through ``download_target`` (TUF length and SHA-256), each
+4. a signed delta first, when the repository publishes one from the running release's root
+   digest (:func:`~sealfl.attestation.repo_index.delta_target_path`; ``prefer_delta``):
+   its statement verified against the pinned release keys and naming exactly the chosen
+   release, its patches through ``download_target``, applied onto the running slot by
+   :func:`~sealfl.enclave.device.delta.apply_delta` (exact base, signed sizes, result
+   verified in full). Any refusal there is logged and recorded and the device falls back to
+5. every file of that release through ``download_target`` (TUF length and SHA-256), each
    target's custom claim checked against the index, the total held to
    :attr:`UpdateLimits.max_release_bytes`, into a private staging directory beside the
    state directory (never inside it: :func:`~sealfl.enclave.device.policy.check_state_apart`);
-5. the release is verified by the device's verifier
+6. the release is verified by the device's verifier
    (:func:`~sealfl.enclave.device.verify.verify_dir`, the same ``load_release`` boot runs)
    and must be what the index promised (name, version, root digest:
    :func:`~sealfl.attestation.repo_index.check_claims`) -- a validly signed release of
    another model is refused here, before anything is recorded;
-6. :func:`~sealfl.enclave.device.policy.boot_or_last_good` on the staging directory:
+7. :func:`~sealfl.enclave.device.policy.boot_or_last_good` on the staging directory:
    measurement, verification again on the bytes it loads, version rules and TEE floor,
    sandbox, canary, slot switch -- or the last good release is kept.
 
@@ -43,7 +49,8 @@ from pathlib import Path
 
 from tuf.api import exceptions as tuf_exc
 
-from sealfl.attestation.errors import TrustAnchorError, VerificationError
+from sealfl.attestation.delta import DELTA_FILE, PATCH_DIR, verify_delta_statement
+from sealfl.attestation.errors import AttestationError, DeltaError, TrustAnchorError, VerificationError
 from sealfl.attestation.repo_index import (
     INDEX_TARGET,
     MAX_INDEX_BYTES,
@@ -52,10 +59,13 @@ from sealfl.attestation.repo_index import (
     check_claims,
     check_target_custom,
     choose_update,
+    delta_target_path,
     parse_index,
 )
+from sealfl.attestation.trust import load_trust_anchors
 from sealfl.common.fsutil import atomic_write, ensure_private_dir
 from sealfl.enclave.device.boot import read_device_state
+from sealfl.enclave.device.delta import apply_delta
 from sealfl.enclave.device.policy import (
     EXIT_BOOTED,
     EXIT_KEPT_LAST_GOOD,
@@ -63,6 +73,7 @@ from sealfl.enclave.device.policy import (
     boot_or_last_good,
     check_state_apart,
 )
+from sealfl.enclave.device.slots import slot_path
 from sealfl.enclave.device.tuf_fetch import DEFAULT_LIMITS, UpdateLimits, make_updater
 from sealfl.enclave.device.verify import verify_dir
 from sealfl.enclave.errors import UpdateError
@@ -89,6 +100,9 @@ class UpdateResult:
         outcome: the :class:`~sealfl.enclave.device.policy.BootOutcome` for ``installed``
             and ``kept`` (its device is closed, except an installed one with ``keep_device``), else
             None.
+        via: how the release's bytes came: ``"delta"`` (a signed delta onto the running
+            release), ``"full"`` (every file), or None (nothing downloaded).
+        delta_refused: why a published delta was not used (then ``via`` is ``"full"``), else None.
     """
 
     action: str
@@ -96,6 +110,8 @@ class UpdateResult:
     version: int
     root_digest: str
     outcome: BootOutcome | None = None
+    via: str | None = None
+    delta_refused: str | None = None
 
     @property
     def exit_code(self) -> int:
@@ -178,10 +194,49 @@ def _download(updater, target: str, dest: Path, limits: UpdateLimits, budget: li
         return fh.read(info.length + 1)
 
 
+_NO_DELTA = "no delta"
+
+
+def _try_delta(updater, trust_dir: Path, state_root: Path, running, rel, staging: Path,
+               limits: UpdateLimits) -> str | None:
+    """Build ``staging/release`` from a signed delta onto the running release; None when it
+    worked, else why not (:data:`_NO_DELTA` when the repository has none for this base)."""
+    target = delta_target_path(rel.name, rel.version, running.root_digest, DELTA_FILE)
+    try:
+        if updater.get_targetinfo(target) is None:
+            return _NO_DELTA
+    except (tuf_exc.RepositoryError, tuf_exc.DownloadError) as exc:
+        return f"looking up {target}: {exc}"
+    delta_dir = staging / "delta"
+    try:
+        (delta_dir / PATCH_DIR).mkdir(mode=0o700, parents=True)
+        budget = [limits.max_release_bytes]
+        data = _download(updater, target, delta_dir / DELTA_FILE, limits, budget)
+        st = verify_delta_statement(data, load_trust_anchors(trust_dir).release_public_keys)
+        if (st.name, st.version, st.root_digest) != (rel.name, rel.version, rel.root_digest):
+            raise DeltaError(f"the delta produces {st.name} v{st.version} ({st.root_digest}), not the indexed "
+                             f"{rel.name} v{rel.version} ({rel.root_digest})")
+        for f in st.files:
+            if f.patch is not None:
+                _download(updater, delta_target_path(rel.name, rel.version, running.root_digest, f.patch),
+                          delta_dir / PATCH_DIR / f.patch, limits, budget)
+        release_dir = staging / "release"
+        shutil.rmtree(release_dir, ignore_errors=True)  # apply_delta creates it afresh
+        apply_delta(trust_dir, slot_path(state_root, running.slot), delta_dir, release_dir,
+                    base_root_digest=running.root_digest, statement=st)
+    except (UpdateError, AttestationError, OSError) as exc:
+        log.warning("the delta to %s v%d was refused, installing the full release: %s", rel.name, rel.version, exc)
+        return f"{type(exc).__name__}: {str(exc)[:600]}"
+    finally:
+        shutil.rmtree(delta_dir, ignore_errors=True)
+    log.info("update: %s v%d built from a signed delta onto v%d", rel.name, rel.version, running.version)
+    return None
+
+
 def update(trust_dir: str | os.PathLike, repo_url: str, state_dir: str | os.PathLike, *,
            name: str | None = None, backend: str | None = None, limits: UpdateLimits = DEFAULT_LIMITS,
            runtime_options=None, on_refused=None, key_source=None, variant: str | None = None,
-           require_llm: bool = False, keep_device: bool = False) -> UpdateResult:
+           require_llm: bool = False, keep_device: bool = False, prefer_delta: bool = True) -> UpdateResult:
     """Update the device from the repository at ``repo_url`` (module docstring).
 
     Args:
@@ -196,6 +251,7 @@ def update(trust_dir: str | os.PathLike, repo_url: str, state_dir: str | os.Path
         keep_device: leave the newly installed release running (``result.outcome.device``,
             the caller closes it; ``device serve --repo`` switches to it); otherwise, and
             always when the last good release was kept, the booted device is closed.
+        prefer_delta: try a published signed delta from the running release first (step 4).
 
     Raises:
         UpdateError: the repository, a download, the index or the release was refused
@@ -212,7 +268,7 @@ def update(trust_dir: str | os.PathLike, repo_url: str, state_dir: str | os.Path
             result = _update_locked(Path(trust_dir), repo_url, state_root, name, limits,
                                     {"backend": backend, "runtime_options": runtime_options, "on_refused": on_refused,
                                      "key_source": key_source, "variant": variant, "require_llm": require_llm},
-                                    keep_device)
+                                    keep_device, prefer_delta)
         except UpdateError as exc:
             _record(state_root, repo_url, "refused", str(exc), None)
             raise
@@ -220,6 +276,10 @@ def update(trust_dir: str | os.PathLike, repo_url: str, state_dir: str | os.Path
             _record(state_root, repo_url, "failed", f"{type(exc).__name__}: {exc}", None)
             raise
     release = {"name": result.name, "version": result.version, "root_digest": result.root_digest}
+    if result.via:
+        release["via"] = result.via
+    if result.delta_refused:
+        release["delta_refused"] = result.delta_refused[:1000]
     message = {"installed": "installed", "current": "up to date",
                "kept": f"refused on the device: {result.outcome.refused if result.outcome else ''}"}[result.action]
     _record(state_root, repo_url, result.action, message, release)
@@ -227,7 +287,7 @@ def update(trust_dir: str | os.PathLike, repo_url: str, state_dir: str | os.Path
 
 
 def _update_locked(trust_dir: Path, repo_url: str, state_root: Path, name: str | None, limits: UpdateLimits,
-                   boot_options: dict, keep_device: bool) -> UpdateResult:
+                   boot_options: dict, keep_device: bool, prefer_delta: bool = True) -> UpdateResult:
     state = read_device_state(state_root)
     running = state.last_good
     follow = name or (running.name if running is not None else None)
@@ -263,14 +323,24 @@ def _update_locked(trust_dir: Path, repo_url: str, state_root: Path, name: str |
         except FileExistsError:
             raise UpdateError(f"the staging directory {staging} was tampered with ({release_dir.name} exists); "
                               "nothing was downloaded", stage="download") from None
-        budget = [limits.max_release_bytes]
-        for file in rel.files:
-            def claim(info, file=file):
-                try:
-                    check_target_custom(rel, file, info.custom)
-                except RepoIndexError as exc:
-                    raise UpdateError(str(exc), stage="index") from exc
-            _download(updater, rel.target(file), release_dir / file, limits, budget, claim)
+        via, delta_refused = "full", None
+        if prefer_delta and running is not None and running.name == rel.name:
+            delta_refused = _try_delta(updater, trust_dir, state_root, running, rel, staging, limits)
+            if delta_refused is None:
+                via = "delta"
+            elif delta_refused == _NO_DELTA:
+                delta_refused = None
+        if via == "full":
+            shutil.rmtree(release_dir, ignore_errors=True)
+            release_dir.mkdir(mode=0o700)
+            budget = [limits.max_release_bytes]
+            for file in rel.files:
+                def claim(info, file=file):
+                    try:
+                        check_target_custom(rel, file, info.custom)
+                    except RepoIndexError as exc:
+                        raise UpdateError(str(exc), stage="index") from exc
+                _download(updater, rel.target(file), release_dir / file, limits, budget, claim)
         try:
             verified = verify_dir(trust_dir, release_dir)
             check_claims(rel, verified.name, verified.version, verified.root_digest)
@@ -283,7 +353,7 @@ def _update_locked(trust_dir: Path, repo_url: str, state_root: Path, name: str |
             outcome.device.close()
         action = "kept" if outcome.kept_last_good else "installed"
         log.info("update: %s %s v%d", action, rel.name, rel.version)
-        return UpdateResult(action, rel.name, rel.version, rel.root_digest, outcome)
+        return UpdateResult(action, rel.name, rel.version, rel.root_digest, outcome, via, delta_refused)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

@@ -279,6 +279,17 @@ class ReleaseEnclave:
 
     # -- sealed secrets (e.g. the CKKS secret context of the key holder) ----------------
 
+    def sign_delta(self, predicate: dict) -> bytes:
+        """The bytes of ``delta.dsse.json``: the delta ``predicate`` (base and result
+        releases, the patches: :mod:`sealfl.attestation.delta`) signed with the release key.
+
+        Raises:
+            DeltaError: the predicate is not well-formed.
+        """
+        from sealfl.attestation.delta import build_delta_statement
+
+        return build_delta_statement(predicate, self._key)
+
     def _secret_path(self, name: str) -> Path:
         if not isinstance(name, str) or not _SECRET_NAME.match(name):
             raise EnclaveError(f"secret name {name!r} must match {_SECRET_NAME.pattern}")

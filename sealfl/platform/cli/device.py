@@ -378,11 +378,15 @@ def update(
     deadline: float = typer.Option(300.0, "--deadline", min=0.1, max=86400.0, help="Longest one file's download "
                                    "may take, seconds (a stalling mirror is given up on)."),
     tee: Tee = None,
+    no_delta: bool = typer.Option(False, "--no-delta", help="Download the full release even when the repository "
+                                  "has a signed delta from the running one."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
 ) -> None:
     """Fetch the newest release from a TUF repository (python-tuf's client: signatures,
     versions, expiry, lengths and hashes), verify it, run its canary and switch slots as
-    'device boot' does. Exit 0 = the new release is installed or the device is up to date;
+    'device boot' does. A signed delta from the running release is used when the repository
+    has one (the result verified in full; any refusal falls back to the full release).
+    Exit 0 = the new release is installed or the device is up to date;
     3 = refused (by the repository checks or on the device), the running release is kept;
     2 = refused and nothing runs; 4 = the TEE state needs (re-)provisioning."""
     import dataclasses
@@ -396,7 +400,7 @@ def update(
     limits = dataclasses.replace(DEFAULT_LIMITS, socket_timeout_s=timeout, download_deadline_s=deadline)
     try:
         res = run_update(trust, repo, state, name=name, backend=_check_tee(tee), limits=limits,
-                         on_refused=lambda exc: _say(f"refused: {exc}"))
+                         on_refused=lambda exc: _say(f"refused: {exc}"), prefer_delta=not no_delta)
     except UpdateError as exc:
         from sealfl.enclave.device.boot import read_device_state
 
@@ -413,11 +417,15 @@ def update(
         fail(str(exc))
     if as_json:
         sys.stdout.write(json.dumps({"action": res.action, "name": res.name, "version": res.version,
-                                     "root_digest": res.root_digest}) + "\n")
+                                     "root_digest": res.root_digest, "via": res.via,
+                                     "delta_refused": res.delta_refused}) + "\n")
     elif res.action == "current":
         console.print(f"up to date: {res.name} v{res.version} ({res.root_digest})")
     elif res.action == "installed":
-        console.print(f"installed {res.name} v{res.version} ({res.root_digest}) from {repo}")
+        console.print(f"installed {res.name} v{res.version} ({res.root_digest}) from {repo}"
+                      + (" (from a signed delta)" if res.via == "delta" else ""))
+        if res.delta_refused:
+            _say(f"the repository's delta was refused ({res.delta_refused}); the full release was installed")
     else:
         _say(f"kept the last good release v{res.outcome.device.release.version}")
     raise typer.Exit(res.exit_code)

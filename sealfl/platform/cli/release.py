@@ -79,3 +79,33 @@ def build(
         return
     console.print(f"release v{version} in {out}: root digest {res.summary['root_digest']}; "
                   f"fp32 {res.accuracy['fp32']['pooled']:.3f}, INT8 {res.accuracy['int8']['pooled']:.3f}")
+
+
+@app.command("delta")
+def delta(
+    old: Path = typer.Argument(..., help="The base release directory (what devices run now)."),
+    new: Path = typer.Argument(..., help="The newer release directory of the same model."),
+    out: Path = typer.Option(..., "--out", "-o", help="New delta directory (delta.dsse.json, patches/)."),
+    consortium: ConsortiumDir = ...,
+    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object on stdout."),
+) -> None:
+    """Write a signed delta from OLD to NEW: an HDiffPatch patch per changed file and a
+    statement the release enclave signs, pinning OLD's and NEW's root digests. Publish it
+    with 'sealfl repo publish NEW --delta DIR'; a device running OLD applies it and verifies
+    the result in full, any other device installs NEW whole."""
+    json_mode(as_json)
+    from sealfl.platform.delta import delta_for_consortium
+
+    try:
+        res = delta_for_consortium(consortium, old, new, out)
+    except (SealflError, OSError) as exc:
+        fail(str(exc))
+    ratio = res.patch_bytes / max(res.full_bytes, 1)
+    if as_json:
+        emit_json({"ok": True, "dir": str(out), "name": res.name, "base_version": res.base_version,
+                   "version": res.version, "base_root_digest": res.base_root_digest, "root_digest": res.root_digest,
+                   "patch_bytes": res.patch_bytes, "full_bytes": res.full_bytes, "ratio": ratio,
+                   "patched": list(res.patched)})
+        return
+    console.print(f"delta {res.name} v{res.base_version} -> v{res.version} in {out}: {res.patch_bytes} bytes "
+                  f"({ratio:.1%} of the full release's {res.full_bytes}); {len(res.patched)} file(s) patched")

@@ -65,19 +65,37 @@ def publish(
     repo: Path = _Repo,
     release_dir: Path = typer.Argument(..., help="Release directory (verified first)."),
     trust: TrustDir = ...,
+    delta: Optional[list[Path]] = typer.Option(None, "--delta", help="A signed delta to this release ('sealfl "
+                                               "release delta' output; repeatable): published beside it, devices "
+                                               "running its base fetch the patch instead."),
 ) -> None:
     """Verify a release against the trust directory devices pin, then publish its files as
-    TUF targets (releases/NAME/VERSION/FILE) and re-sign targets, snapshot and timestamp."""
+    TUF targets (releases/NAME/VERSION/FILE) and re-sign targets, snapshot and timestamp.
+    With --delta, each delta (its statement verified too, its result this release) is
+    published as targets deltas/NAME/VERSION/BASE_ROOT_DIGEST/FILE."""
+    from sealfl.enclave.device.delta import delta_files, read_delta_statement
     from sealfl.enclave.device.verify import verify_dir
     from sealfl.platform.repo.repository import Repository
 
     try:
         v = verify_dir(trust, release_dir)
-        pub = Repository(repo).publish(v.files(), v.name, v.version, v.root_digest)
+        deltas = []
+        for d in delta or ():
+            st = read_delta_statement(trust, d)
+            if (st.name, st.version, st.root_digest) != (v.name, v.version, v.root_digest):
+                fail(f"{d}: the delta produces {st.name} v{st.version} ({st.root_digest}), not this release")
+            deltas.append((d, st, delta_files(d, st)))
+        r = Repository(repo)
+        if not any(x.name == v.name and x.version == v.version for x in r.releases()) or not deltas:
+            pub = r.publish(v.files(), v.name, v.version, v.root_digest)
+            console.print(f"published {v.name} v{v.version} ({len(pub.targets)} files; root digest {v.root_digest}) "
+                          f"as targets v{pub.targets_version}")
+        for d, st, files in deltas:
+            pub = r.publish_delta(files, v.name, v.version, v.root_digest, st.base_root_digest)
+            console.print(f"published the delta from v{st.base_version} ({sum(map(len, files.values()))} bytes) as "
+                          f"targets v{pub.targets_version}")
     except (SealflError, OSError) as exc:
         fail(str(exc))
-    console.print(f"published {v.name} v{v.version} ({len(pub.targets)} files; root digest {v.root_digest}) as "
-                  f"targets v{pub.targets_version}")
 
 
 @app.command("refresh")

@@ -50,6 +50,7 @@ from sealfl.attestation.repo_index import (
     INDEX_TARGET,
     IndexedRelease,
     custom_of,
+    delta_target_path,
     index_bytes,
     parse_index,
     target_path,
@@ -221,6 +222,39 @@ class Repository:
         self._sign_write(targets_md, self._online("targets"), root_md)
         self._resnapshot(root_md, targets_md, self._online("snapshot"), self._online("timestamp"), days)
         log.info("published %s v%d (%d files) as targets v%d", name, version, len(paths), targets_md.signed.version)
+        return PublishedRelease(entry, tuple(paths), targets_md.signed.version)
+
+    def publish_delta(self, files: dict[str, bytes], name: str, version: int, root_digest: str,
+                      base_root_digest: str) -> PublishedRelease:
+        """Add a signed delta (``{"delta.dsse.json": ..., "<patch>.hdiff": ...}``, checked by
+        the caller against the trust directory) to the published release ``name`` v``version``
+        as targets under :func:`~sealfl.attestation.repo_index.delta_target_path`, and re-sign
+        targets, snapshot and timestamp. Devices still verify everything themselves.
+
+        Raises:
+            RepoError: the release is not published with that root digest, or that delta is
+                published already.
+        """
+        days = self.expiry_days()
+        root_md, targets_md = self.load("root"), self.load("targets")
+        entry = next((r for r in self.releases() if r.name == name and r.version == version), None)
+        if entry is None or entry.root_digest != root_digest:
+            raise RepoError(f"publish {name} v{version} (root digest {root_digest}) before its delta")
+        paths = []
+        for file, data in sorted(files.items()):
+            path = delta_target_path(name, version, base_root_digest, file)
+            if path in targets_md.signed.targets:
+                raise RepoError(f"the delta to {name} v{version} from {base_root_digest} is published already")
+            tf = TargetFile.from_data(path, data, ["sha256"])
+            tf.unrecognized_fields["custom"] = {"sealfl": {"delta_to": custom_of(name, version, root_digest)["sealfl"],
+                                                           "base_root_digest": base_root_digest}}
+            self._store_target(path, data, tf)
+            targets_md.signed.targets[path] = tf
+            paths.append(path)
+        self._bump(targets_md, days["targets"])
+        self._sign_write(targets_md, self._online("targets"), root_md)
+        self._resnapshot(root_md, targets_md, self._online("snapshot"), self._online("timestamp"), days)
+        log.info("published the delta to %s v%d from %s (%d files)", name, version, base_root_digest[:16], len(paths))
         return PublishedRelease(entry, tuple(paths), targets_md.signed.version)
 
     def refresh(self) -> int:

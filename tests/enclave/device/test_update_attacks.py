@@ -405,3 +405,84 @@ def test_slow_loris_mirror_is_given_up_within_its_deadline(ctx):
     # one stalled file: at most the deadline plus one gap timeout (and a little scheduling)
     assert e.value.stage == "download" and took < 2.0 + 1.0 + 3.0, took
     keeps_v3(ctx)
+
+
+# ---- signed deltas ------------------------------------------------------------------------
+
+def _runs(c: Ctx, version: int, weight: float) -> None:
+    w = WEIGHTS.copy()
+    w[0, 0] = weight
+    x = sample_inputs(3)
+    assert read_device_state(c.state).last_good.version == version
+    with boot_last_good(c.trust, c.state) as dev:
+        assert dev.release.version == version
+        np.testing.assert_array_equal(dev.predict(x), direct_outputs(make_onnx_model(w), x))
+
+
+def _publish_delta(c: Ctx, old: Path, new: Path, base_root: str | None = None) -> Path:
+    from sealfl.enclave.device.delta import delta_files, read_delta_statement
+    from sealfl.platform.delta import make_delta
+
+    out = c.tmp / f"delta-{time.monotonic_ns()}"
+    make_delta(c.enclave, c.trust, old, new, out)
+    st = read_delta_statement(c.trust, out)
+    c.repo.publish_delta(delta_files(out, st), NAME, st.version, st.root_digest, base_root or st.base_root_digest)
+    return out
+
+
+def test_delta_onto_the_running_release_installs_from_the_patch(ctx):
+    v3 = ctx.tmp / f"rel-{NAME}-3-{_V3_WEIGHT}"
+    v4 = ctx.release(4)
+    publish_verified(ctx.repo, ctx.trust, v4)
+    _publish_delta(ctx, v3, v4)
+    res = ctx.update()
+    assert (res.action, res.via, res.delta_refused) == ("installed", "delta", None)
+    _runs(ctx, 4, 2.5)
+    assert json.loads((ctx.state / "update.json").read_text())["release"]["via"] == "delta"
+
+
+def test_delta_onto_the_wrong_base_is_refused_and_the_full_release_installs(ctx):
+    """A delta made from v2, published where a device running v3 looks (under v3's root
+    digest): validly signed by TUF and by the release key, but not for this base."""
+    v2 = ctx.release(2, weight=1.0)
+    v4 = ctx.release(4)
+    publish_verified(ctx.repo, ctx.trust, v4)
+    _publish_delta(ctx, v2, v4, base_root=ctx.v3_root)
+    res = ctx.update()
+    assert (res.action, res.via) == ("installed", "full")
+    assert "wrong base" in res.delta_refused
+    _runs(ctx, 4, 2.5)
+
+
+def test_delta_of_a_hostile_mirror_is_refused_and_the_full_release_installs(ctx):
+    v3 = ctx.tmp / f"rel-{NAME}-3-{_V3_WEIGHT}"
+    v4 = ctx.release(4)
+    publish_verified(ctx.repo, ctx.trust, v4)
+    _publish_delta(ctx, v3, v4)
+    www = ctx.mirror()
+    from sealfl.attestation.repo_index import delta_target_path
+    patch = _hashed(www, ctx.repo, delta_target_path(NAME, 4, ctx.v3_root, f"{MODEL_FILE}.hdiff"))
+    patch.write_bytes(patch.read_bytes()[:-1] + bytes([patch.read_bytes()[-1] ^ 1]))
+    with RepoServer(www) as mirror:
+        res = ctx.update(mirror.url)
+    assert (res.action, res.via) == ("installed", "full")
+    assert "hash" in res.delta_refused.lower() or "length" in res.delta_refused.lower(), res.delta_refused
+    _runs(ctx, 4, 2.5)
+
+
+def test_delta_producing_another_release_than_indexed_is_refused_and_the_full_release_installs(ctx):
+    """A genuine delta v3 -> v4 published (by a careless coordinator) under v5 in the repo:
+    the statement's result is not the release the index offers."""
+    v3 = ctx.tmp / f"rel-{NAME}-3-{_V3_WEIGHT}"
+    v4, v5 = ctx.release(4), ctx.release(5, weight=3.5)
+    publish_verified(ctx.repo, ctx.trust, v5)
+    from sealfl.enclave.device.delta import delta_files, read_delta_statement
+    from sealfl.platform.delta import make_delta
+    out = ctx.tmp / "delta-v4"
+    make_delta(ctx.enclave, ctx.trust, v3, v4, out)
+    v5_root = verify_dir(ctx.trust, v5).root_digest
+    ctx.repo.publish_delta(delta_files(out, read_delta_statement(ctx.trust, out)), NAME, 5, v5_root, ctx.v3_root)
+    res = ctx.update()
+    assert (res.action, res.via) == ("installed", "full")
+    assert "not the indexed" in res.delta_refused
+    _runs(ctx, 5, 3.5)
