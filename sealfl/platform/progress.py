@@ -18,12 +18,21 @@ def run_campaign_with_progress(spec: CampaignSpec, console: Console, **kwargs) -
         task = bar.add_task(f"submitting to the SuperLink {spec.superlink}, statistics round…" if spec.superlink
                             else "starting Ray + Flower, statistics round…", total=spec.rounds)
 
+        plain = not console.is_terminal  # a log file or a pipe: one plain line per round instead of a redrawn bar
+        if plain:
+            console.print(f"campaign started ({spec.rounds} rounds, "
+                          f"{'SuperLink ' + spec.superlink if spec.superlink else 'simulation on Ray'})",
+                          markup=False, highlight=False)
+
         def on_round(rec: dict) -> None:
             rej = rec.get("rejected") or {}
             note = f", rejected {', '.join(rej)}" if rej else ""
             acc = rec.get("pooled_test_accuracy")
-            bar.update(task, advance=1, description=(
-                f"round {rec['round']}: pooled acc {acc if acc is not None else float('nan'):.3f}, "
-                f"{len(rec.get('accepted', []))} partners{note}, {rec.get('round_seconds', 0):.2f} s"))
+            line = (f"round {rec['round']}: pooled acc {acc if acc is not None else float('nan'):.3f}, "
+                    f"{len(rec.get('accepted', []))} partners{note}, {rec.get('round_seconds', 0):.2f} s")
+            bar.update(task, advance=1, description=line)
+            if plain:
+                console.print(f"round {rec['round']}/{spec.rounds} done: {line.split(': ', 1)[1]}", markup=False,
+                              highlight=False)
 
         return run_campaign(spec, on_round=on_round, **kwargs)

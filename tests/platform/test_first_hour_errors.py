@@ -50,3 +50,28 @@ def test_kind_consortium_create_where_it_cannot_says_so(tmp_path):
     assert code == 1 and "its parent" in msg and "does not exist" in msg and "Errno" not in msg
     code, msg = _cli("consortium", "create", tmp_path / "x", "--tee", "sgx")
     assert code == 1 and "--tee must be 'sim' or 'tpm'" in msg and not (tmp_path / "x").exists()
+
+
+def test_kind_a_superlink_refuses_a_busy_port_and_a_state_directory_in_use(cons, tmp_path):
+    import fcntl
+    import os
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        code, msg = _cli("superlink", "start", cons.dir / "superlink", "--port", port, "--state", tmp_path / "s1")
+        assert code == 1 and f"cannot listen on 127.0.0.1:{port}" in msg and "SuperLink on" not in msg
+    state = tmp_path / "s2"
+    state.mkdir()
+    fd = os.open(state / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # as a running SuperLink holds it
+    try:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            free = s.getsockname()[1]
+        code, msg = _cli("superlink", "start", cons.dir / "superlink", "--port", free, "--state", state)
+        assert code == 1 and "another SuperLink uses the state directory" in msg
+    finally:
+        os.close(fd)

@@ -191,6 +191,11 @@ def test_kind_supervisor_killed_with_sigkill_takes_its_tree_and_leaves_a_dead_ca
     doc = json.loads(scripted.stdout)  # what a script reads: the same decision, with the file's word beside it
     assert doc["state"] == "dead" and doc["recorded_status"] == "running" and doc["round"] == 1
     assert doc["started_iso"].endswith("+00:00") and doc["owner"]["pid"] == run.proc.pid
+    assert doc["rounds_log_complete"] is True
+    (out / "rounds.jsonl").write_bytes((out / "rounds.jsonl").read_bytes()[:20])  # a truncated round log
+    damaged = run_cli(["campaign", "status", out, "--json"])
+    assert json.loads(damaged.stdout)["rounds_log_complete"] is False and "round log is damaged" in " ".join(
+        damaged.stderr.split())
     again = run_cli(["campaign", "run", "-c", cons.dir, "-o", out, "--rounds", 2])
     assert again.returncode == 1 and "--overwrite" in " ".join(again.stderr.split()), again.stderr
     assert "Traceback" not in again.stderr

@@ -161,13 +161,10 @@ def boot_or_last_good(trust_dir: str | os.PathLike, release_dir: str | os.PathLi
     common = {"backend": backend, "key_source": key_source, "variant": variant, "runtime_options": runtime_options,
               "require_llm": require_llm}
     if release_dir is None:  # no new release offered: the last good one (e.g. installed by 'device update')
-        try:
-            return BootOutcome(boot_last_good(trust_dir, state_dir, **common))
-        except BootError as exc:
-            if exc.reason in STOP_REASONS:
-                raise
-            raise BootError(f"no release was given and the device's last good release cannot boot ({exc}); give "
-                            "--release DIR or install one with 'sealfl device update'", reason=exc.reason) from exc
+        if not (Path(state_dir) / "state.json").exists() and not (Path(state_dir) / "slots").is_dir():
+            raise BootError(f"no release was given and the device state {state_dir} holds no release yet; give "
+                            "--release DIR or install one with 'sealfl device update'", reason="state")
+        return BootOutcome(boot_last_good(trust_dir, state_dir, **common))
     try:
         return BootOutcome(boot(trust_dir, release_dir, state_dir, **common))
     except BootError as exc:

@@ -118,6 +118,12 @@ def status(
         view = cd.view()
     except SealflError as exc:
         fail(str(exc))
+    rounds = cd.rounds()
+    damaged = len(rounds) < view.round  # the checkpoint is at round k: k records must be there
+    if damaged:
+        err.print(f"[yellow]warning:[/] {cd.rounds_path} holds {len(rounds)} readable round record(s) but the "
+                  f"checkpoint is at round {view.round}: the round log is damaged (release build and audit will "
+                  "refuse it); restore it from a backup")
     if as_json:
         import json
 
@@ -126,10 +132,10 @@ def status(
         typer.echo(json.dumps({"dir": str(out), "state": view.state, "note": view.note, "round": view.round,
                                "num_rounds": view.num_rounds, "error": view.error,
                                "recorded_status": status_doc.get("status"),
-                               **{k: status_doc.get(k) for k in keep}, "rounds": cd.rounds()}))
+                               **{k: status_doc.get(k) for k in keep}, "rounds_log_complete": not damaged,
+                               "rounds": rounds}))
         return
     state = f"{view.state}: {view.note}" if view.note else view.state
-    rounds = cd.rounds()
     t = Table(title=f"campaign {out}: {state} (round {view.round}/{view.num_rounds})")
     for col in ("round", "pooled acc", "partners", "rejected", "MB in", "seconds"):
         t.add_column(col, justify="right" if col not in ("partners", "rejected") else "left")

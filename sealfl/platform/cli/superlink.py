@@ -24,6 +24,35 @@ def _accepts(host: str, port: int) -> bool:
         return False
 
 
+def _check_port_free(host: str, port: int) -> None:
+    """Refuse up front a port something already listens on (Flower would fail after start-up)."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            fail(f"cannot listen on {host}:{port}: {exc.strerror or exc} (another SuperLink or service has it); "
+                 "choose another --port")
+
+
+def _lock_state(state: Path):
+    """An exclusive lock on STATE/.lock for this process's life; refuse a state directory another
+    SuperLink uses (two would share one database and log)."""
+    import fcntl
+    import os
+
+    fd = os.open(state / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        fail(f"another SuperLink uses the state directory {state}; stop it first or give another --state")
+    return fd
+
+
 @app.command("start")
 def start(
     kit: Path = typer.Argument(..., help="The SuperLink kit (<consortium>/superlink)."),
@@ -41,7 +70,9 @@ def start(
         from sealfl.platform.services import register_supernodes, run_service, superlink_command
 
         try:
+            _check_port_free(host, port)
             state.mkdir(parents=True, exist_ok=True, mode=0o700)
+            _lock_state(state)  # held (fd kept open) while this process lives: one SuperLink per state dir
             cmd = superlink_command(kit, host, port, state / "superlink.db")
             log_path = state / "superlink.log"
             connect = "127.0.0.1" if host in ("0.0.0.0", "::") else host

@@ -174,3 +174,20 @@ def test_kind_each_request_gets_one_access_log_line_without_the_data(server):
     assert any(f"path=/v2/models/{NAME}/infer status=200 rows=2 total_ms=" in ln for ln in lines), lines
     assert any(f"path=/v2/models/{NAME}/infer status=400 total_ms=" in ln for ln in lines), lines
     assert "1.2345" not in server.log.read_text()  # the rows' values never reach the log
+
+
+def test_kind_serving_on_a_busy_port_says_which_and_what_to_do(root, tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        out = subprocess.run([sys.executable, "-m", "sealfl.platform.cli", "device", "serve", "--trust",
+                              root / "trust", "--release", root / "release", "--state", tmp_path / "st", "--tee",
+                              "sim", "--port", str(port)], capture_output=True, text=True, timeout=120)
+    msg = " ".join(out.stderr.split())
+    assert out.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in msg and "--port" in msg, msg
+    assert "Errno" not in msg

@@ -235,7 +235,11 @@ def run_server(trust: Path, release_dir: Path, state_dir: Path, opts: ServeOptio
     metrics = ServeMetrics(opts.max_concurrent, worker_pids=lambda: state.worker_pids())
     state = ServeState(opts.max_concurrent, metrics, state_dir=str(state_dir), queue_size=opts.queue_size,
                        queue_timeout_s=opts.queue_timeout_s)
-    sock = _bind(opts.host, opts.port)
+    try:
+        sock = _bind(opts.host, opts.port)
+    except OSError as exc:
+        raise ServeOptionsError(f"cannot listen on {opts.host}:{opts.port}: {exc.strerror or exc}; choose another "
+                                "--port (0 picks a free one) or stop what holds it") from exc
     port = sock.getsockname()[1]
     app = create_app(state, opts.limits)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
