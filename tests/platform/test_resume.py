@@ -1,6 +1,7 @@
-"""``sealfl campaign resume`` with real processes: the coordinator killed with SIGKILL in
-round 3, or stopped with Ctrl-C in round 2, is resumed and ends with exactly the model
-of an uninterrupted run (packed BFV, fixed seeds: decrypted checkpoints np.array_equal)."""
+"""``sealfl campaign resume`` with real processes: a campaign stopped with Ctrl-C in round
+2, resumed, its resumed coordinator killed with SIGKILL in round 3, resumed again, ends
+with exactly the model of an uninterrupted run (packed BFV, fixed seeds: decrypted
+checkpoints np.array_equal)."""
 
 import json
 import signal
@@ -38,36 +39,44 @@ def uninterrupted(consortium, tmp_path_factory):
     return _final_model(codec, out)
 
 
-def _resume_and_compare(cons, codec, out, uninterrupted, from_round):
+def _paused(args, stage, tmp_path):
+    """Run the CLI until pause point ``stage``; returns the run and (worker pid, run token)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    run = start_cli(args, stage, tmp_path)
+    try:
+        run.wait_paused()
+        return run, run.tree()
+    except BaseException:
+        run.kill()
+        raise
+
+
+def _expect_resume(out, from_round):
     shown = json.loads(run_cli(["campaign", "status", out, "--json"]).stdout)
     assert shown["resume"] == {"possible": True, "from_round": from_round, "num_rounds": ROUNDS,
                                "message": f"resume will continue from round {from_round} of {ROUNDS} "
                                           f"(next: round {from_round + 1})"}
-    r = run_cli(["campaign", "resume", out, "-c", cons.dir])
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert f"resume will continue from round {from_round} of {ROUNDS}" in " ".join(r.stdout.split())
-    cd = CampaignDir(out)
-    status = cd.read_status()
-    assert status["status"] == "finished" and status["round"] == ROUNDS
-    assert [x["from_round"] for x in status["resumed"]] == [from_round]
-    assert [x["round"] for x in cd.rounds()] == list(range(1, ROUNDS + 1))
-    rnd, model, weight = _final_model(codec, out)
-    ref_rnd, ref_model, ref_weight = uninterrupted
-    assert rnd == ref_rnd == ROUNDS and weight == ref_weight
-    assert np.array_equal(model, ref_model)  # packed BFV: bit for bit
-    again = run_cli(["campaign", "resume", out, "-c", cons.dir])
-    assert again.returncode == 1 and "finished all 3 rounds" in " ".join(again.stderr.split())
-    assert "Traceback" not in again.stderr
+    table = run_cli(["campaign", "status", out])
+    assert f"resume will continue from round {from_round} of {ROUNDS}" in " ".join(table.stdout.split())
 
 
-def test_coordinator_killed_with_sigkill_in_round_3_resumes_to_the_uninterrupted_model(consortium, uninterrupted,
-                                                                                      tmp_path):
+def test_ctrl_c_then_sigkill_of_the_resumed_coordinator_then_resume_gives_the_uninterrupted_model(
+        consortium, uninterrupted, tmp_path):
     cons, codec = consortium
     out = tmp_path / "camp"
-    run = start_cli(["campaign", "run", "-c", cons.dir, "-o", out, "--rounds", ROUNDS], "aggregate@3", tmp_path)
+    # 1. Ctrl-C while a partner trains round 2: exit 130, round 1 committed
+    run, _ = _paused(["campaign", "run", "-c", cons.dir, "-o", out, "--rounds", ROUNDS], "train@2", tmp_path / "a")
     try:
-        run.wait_paused()
-        worker, token = run.tree()
+        run.proc.send_signal(signal.SIGINT)
+        rc, stderr = run.finish()
+    finally:
+        run.kill()
+    assert rc == 130, stderr[-3000:]
+    assert CampaignDir(out).read_status()["status"] == "interrupted"
+    _expect_resume(out, 1)
+    # 2. resume; its coordinator is killed with SIGKILL while adding round 3 (rounds 2 committed)
+    run, (worker, token) = _paused(["campaign", "resume", out, "-c", cons.dir], "aggregate@3", tmp_path / "b")
+    try:
         busy = run_cli(["campaign", "resume", out, "-c", cons.dir])  # its owner still runs: refused, untouched
         assert busy.returncode == 1 and "still runs" in " ".join(busy.stderr.split()), busy.stderr[-2000:]
         assert CampaignDir(out).read_status()["status"] == "running"
@@ -77,22 +86,23 @@ def test_coordinator_killed_with_sigkill_in_round_3_resumes_to_the_uninterrupted
         run.kill()
     assert_tree_gone(token, worker)
     assert CampaignDir(out).view().state == "dead"
-    _resume_and_compare(cons, codec, out, uninterrupted, 2)
-
-
-def test_ctrl_c_in_round_2_then_resume_gives_the_uninterrupted_model(consortium, uninterrupted, tmp_path):
-    cons, codec = consortium
-    out = tmp_path / "camp"
-    run = start_cli(["campaign", "run", "-c", cons.dir, "-o", out, "--rounds", ROUNDS], "train@2", tmp_path)
-    try:
-        run.wait_paused()
-        run.proc.send_signal(signal.SIGINT)
-        rc, stderr = run.finish()
-    finally:
-        run.kill()
-    assert rc == 130, stderr[-3000:]
-    assert CampaignDir(out).read_status()["status"] == "interrupted"
-    _resume_and_compare(cons, codec, out, uninterrupted, 1)
+    _expect_resume(out, 2)
+    # 3. resume again: to the end
+    r = run_cli(["campaign", "resume", out, "-c", cons.dir])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"resume will continue from round 2 of {ROUNDS}" in " ".join(r.stdout.split())
+    cd = CampaignDir(out)
+    status = cd.read_status()
+    assert status["status"] == "finished" and status["round"] == ROUNDS
+    assert [(x["from_round"], x["previous_status"]) for x in status["resumed"]] == [(1, "interrupted"), (2, "running")]
+    assert [x["round"] for x in cd.rounds()] == list(range(1, ROUNDS + 1))
+    rnd, model, weight = _final_model(codec, out)
+    ref_rnd, ref_model, ref_weight = uninterrupted
+    assert rnd == ref_rnd == ROUNDS and weight == ref_weight
+    assert np.array_equal(model, ref_model)  # packed BFV, fixed seeds: bit for bit
+    again = run_cli(["campaign", "resume", out, "-c", cons.dir])
+    assert again.returncode == 1 and f"finished all {ROUNDS} rounds" in " ".join(again.stderr.split())
+    assert "Traceback" not in again.stderr
 
 
 def test_a_campaign_of_another_consortium_is_refused_and_left_as_it_was(consortium, tmp_path):
