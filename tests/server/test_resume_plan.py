@@ -73,3 +73,23 @@ def test_a_damaged_checkpoint_is_named(tmp_path):
     cd.checkpoint_path.write_bytes(b"PK\x03\x04 not a checkpoint")
     plan = cd.plan_resume("cc" * 16)
     assert not plan.ok and "checkpoint is damaged" in plan.message and "global.npz" in plan.message
+
+
+def test_resume_state_reads_the_checkpoint_statistics_and_the_noised_rounds(tmp_path):
+    import pytest
+
+    from sealfl.server.app import ServerConfig, resume_state
+    from sealfl.server.errors import CampaignDirError
+
+    cd = _stopped_campaign(tmp_path, rounds_done=3, num_rounds=5)
+    cd.rounds_path.write_text("".join(json.dumps(r) + "\n" for r in
+                                      [{"round": 1}, {"round": 2, "skipped": "too little noise"}, {"round": 3}]))
+    cd.status["stats_declared_n"] = 606
+    cd._write_status()
+    cfg = ServerConfig(str(cd.dir), "p", "cc" * 16, {}, 4, 3, 5, 2, 3, resume_from=3)
+    st = resume_state(cd, cfg)
+    assert (st.round, st.model_ct, st.model_weight, st.stats_ct) == (3, b"\x01" * 8, 10.0, b"\x02" * 8)
+    assert st.declared_n == 606 and st.noised_rounds == 2  # a DP round skipped for too little noise costs nothing
+    cfg.resume_from = 2  # the checkpoint moved on since the coordinator planned: refused, named
+    with pytest.raises(CampaignDirError, match="holds round 3, the campaign resumes after round 2"):
+        resume_state(cd, cfg)
