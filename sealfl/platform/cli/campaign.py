@@ -201,7 +201,7 @@ def status(
             console.print("privacy: (malformed record)")
     if view.error:
         err.print(f"[bold red]{'stopped' if view.state == 'interrupted' else 'error'}:[/] {view.error}")
-    if view.state != "finished":
+    if view.state not in ("finished", "running", "starting"):  # stopped: say what resume would do
         console.print(f"{plan.message}{f' (sealfl campaign resume {out} -c CONSORTIUM)' if plan.ok else ''}",
                       highlight=False)
     ray = status_doc.get("ray") if isinstance(status_doc.get("ray"), dict) else {}
