@@ -321,6 +321,17 @@ def run_campaign(spec: CampaignSpec, on_round: Callable[[dict], None] | None = N
     preflight(spec)  # settings before Ray's address (as before); prepare_campaign checks again
     plan = plan_ray(spec.ray_address, spec.cpus_per_partner)
     cons, cd = prepare_campaign(spec)
+    return simulate_prepared(spec, cons, cd, plan, on_round, client_app=client_app,
+                             client_app_kwargs=client_app_kwargs, app_dir=app_dir)
+
+
+def simulate_prepared(spec: CampaignSpec, cons: Consortium, cd: CampaignDir, plan: dict,
+                      on_round: Callable[[dict], None] | None = None, *, client_app: str | None = None,
+                      client_app_kwargs: dict | None = None, app_dir: str | None = None) -> CampaignResult:
+    """Run the campaign ``cd`` (prepared: ``server_config.json`` and a ``starting`` status,
+    by :func:`prepare_campaign` or a resume) in a worker process tree on Ray ``plan``
+    (:func:`~sealfl.platform.simulate.plan_ray`) to the end. Arguments and errors as
+    :func:`run_campaign`."""
     n = len(cons.partners)
     job = {"kind": "campaign", "campaign_dir": str(cd.dir.resolve()), "consortium_dir": str(cons.dir.resolve()),
            "num_supernodes": n, "client_app": client_app, "client_app_kwargs": client_app_kwargs or {},

@@ -46,9 +46,11 @@ def run_state(doc: dict, run_id: int) -> tuple[str, str]:
     raise DeploymentError(f"the SuperLink does not list run {run_id}")
 
 
-def run_deployed_campaign(spec, on_round: Callable[[dict], None] | None = None):
+def run_deployed_campaign(spec, on_round: Callable[[dict], None] | None = None, prepared=None):
     """Run ``spec`` (a :class:`~sealfl.platform.campaign.CampaignSpec` with ``superlink``)
     on the SuperLink to the end. Returns a :class:`~sealfl.platform.campaign.CampaignResult`.
+    ``prepared``: (consortium, campaign dir) already prepared (a resume); else
+    :func:`~sealfl.platform.campaign.prepare_campaign` prepares them from ``spec``.
 
     Raises ConsortiumError/CampaignError (as :func:`~sealfl.platform.campaign.run_campaign`),
     DeploymentError (the SuperLink cannot be reached or refused the run), Interrupted.
@@ -58,7 +60,7 @@ def run_deployed_campaign(spec, on_round: Callable[[dict], None] | None = None):
     from sealfl.platform.supervisor import requested
 
     parse_hostport(spec.superlink)
-    cons, cd = prepare_campaign(spec)
+    cons, cd = prepared if prepared is not None else prepare_campaign(spec)
     ca = cons.dir / "aggregator" / CA_FILE
     if not ca.is_file():
         raise CampaignError(f"the aggregator kit has no {CA_FILE} ({ca}); create the consortium with this sealfl "

@@ -74,6 +74,9 @@ class ServerConfig:
         max_loss: cap on any loss a partner reports (:class:`ReplyLimits`).
         sum_shards: chunk-range shards of each round's sum on Ray (0: automatic by the
             round's size, 1: in-process; :mod:`sealfl.server.sharded`).
+        resume_from: 0 for a new campaign; k > 0 for a resumed one (``sealfl campaign
+            resume``): the app starts at round k + 1 from the checkpoint of round k (its
+            encrypted global model and statistics), see :func:`resume_state`.
     """
 
     campaign_dir: str
@@ -93,6 +96,7 @@ class ServerConfig:
     max_examples: int = ReplyLimits.max_examples
     max_loss: float = ReplyLimits.max_loss
     sum_shards: int = 0
+    resume_from: int = 0
 
     def limits(self) -> ReplyLimits:
         """The :class:`ReplyLimits` these settings give (raises ServerError if invalid)."""
@@ -189,11 +193,45 @@ def _scalar(d: dict) -> dict:
     return {k: v for k, v in d.items() if isinstance(v, (int, float, str, bool))}
 
 
+@dataclass(frozen=True)
+class ResumeState:
+    """Where a resumed campaign starts: the checkpoint of round ``round``, the statistics'
+    declared total the partners were told (``status.json``'s ``stats_declared_n``; None if
+    not recorded) and how many of the finished rounds were noised (DP accounting)."""
+
+    round: int
+    model_ct: bytes
+    model_weight: float
+    stats_ct: bytes
+    declared_n: int | None
+    noised_rounds: int
+
+
+def resume_state(rlog: CampaignDir, cfg: ServerConfig) -> ResumeState:
+    """Read what a resumed campaign starts from (before :meth:`CampaignDir.begin`).
+
+    Raises:
+        CampaignDirError: no readable checkpoint, or it is not of round ``cfg.resume_from``.
+    """
+    ck = rlog.read_checkpoint()
+    if ck.round != cfg.resume_from or not 0 < ck.round < cfg.num_rounds:
+        raise CampaignDirError(f"{rlog.checkpoint_path} holds round {ck.round}, the campaign resumes after round "
+                               f"{cfg.resume_from} of {cfg.num_rounds}; run 'sealfl campaign resume' again")
+    try:
+        declared = rlog.read_status().get("stats_declared_n")
+    except CampaignDirError:
+        declared = None
+    declared = declared if isinstance(declared, int) and not isinstance(declared, bool) and declared > 0 else None
+    noised = sum(1 for r in rlog.rounds() if r["round"] <= ck.round and not r.get("skipped"))
+    return ResumeState(ck.round, ck.model_ct, ck.model_weight, ck.stats_ct, declared, noised)
+
+
 def run_server(grid: Grid, cfg: ServerConfig) -> None:
     """The ServerApp body (see module docstring). Raises what the campaign failed on,
     after recording it in ``status.json``."""
     rlog = CampaignDir(cfg.campaign_dir, cfg.num_rounds)
-    rlog.begin()
+    resume = resume_state(rlog, cfg) if cfg.resume_from else None
+    rlog.begin(resumed_from=resume.round if resume else 0)
     try:
         codec = codecs.from_bytes(Path(cfg.public_context).read_bytes(), codecs.params_from_dict(cfg.he),
                                      bytes.fromhex(cfg.context_id))
@@ -204,10 +242,20 @@ def run_server(grid: Grid, cfg: ServerConfig) -> None:
         limits = cfg.limits()
         grid = StreamingGrid(grid)  # replies are checked and added as they arrive
         t0 = time.perf_counter()
-        stats_ct, declared = stats_round(grid, codec, cfg, rlog, roster)
+        stats_ct, declared = stats_round(grid, codec, cfg, rlog, roster)  # resumed too: binds nodes to partners
         rlog.set_status(stats_seconds=time.perf_counter() - t0)
+        if resume is None:
+            model = {P.MODEL_PLAIN: Array(np.asarray(cfg.initial_params, dtype=np.float64))}
+        else:  # the campaign's own statistics and model: what an uninterrupted run would send now
+            if resume.declared_n is not None and resume.declared_n != declared:
+                log.warning("resumed campaign: the partners now declare %d rows, %d at the start; the campaign "
+                            "keeps its statistics of %d", declared, resume.declared_n, resume.declared_n)
+            stats_ct, declared = resume.stats_ct, resume.declared_n or declared
+            rlog.set_status(stats_declared_n=declared)
+            model = {P.MODEL_CT: Array(P.to_u8(resume.model_ct)),
+                     P.MODEL_WEIGHT: Array(np.array([resume.model_weight], dtype=np.float64))}
         initial = ArrayRecord({
-            P.MODEL_PLAIN: Array(np.asarray(cfg.initial_params, dtype=np.float64)),
+            **model,
             P.STATS_CT: Array(P.to_u8(stats_ct)),
             P.STATS_N: Array(np.array([declared], dtype=np.int64)),
         })
@@ -220,10 +268,15 @@ def run_server(grid: Grid, cfg: ServerConfig) -> None:
             budget = cfg.train.get("dp-epsilon")
             ledger = Ledger(dpc.noise_multiplier, float(cfg.train["dp-delta"]),
                             None if budget is None else float(budget))
+            for _ in range(resume.noised_rounds if resume else 0):  # the finished rounds' privacy cost
+                ledger.record(dpc.sampling_rate)
         strategy = EncryptedFedAvg(codec, wire, roster=roster, limits=limits, min_partners=cfg.min_partners,
                                    round_log=rlog, wait_s=cfg.timeout_s, privacy=(ledger, dpc) if dpc else None,
-                                   sum_shards=cfg.sum_shards)
-        strategy.start(grid=grid, initial_arrays=initial, num_rounds=cfg.num_rounds, timeout=cfg.timeout_s,
+                                   sum_shards=cfg.sum_shards, first_round=resume.round + 1 if resume else 1)
+        if resume is not None:
+            strategy.resume_with(resume.model_ct, resume.model_weight)
+        strategy.start(grid=grid, initial_arrays=initial, num_rounds=cfg.num_rounds - (resume.round if resume else 0),
+                       timeout=cfg.timeout_s,
                        train_config=ConfigRecord(_scalar(cfg.train)), evaluate_config=ConfigRecord(_scalar(cfg.train)))
         rlog.set_status(status="finished", finished=time.time())
     except BaseException as exc:

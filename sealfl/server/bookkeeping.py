@@ -70,12 +70,14 @@ from sealfl.server.campaign_files import (
     STATUS,
     CampaignView,
     Checkpoint,
+    ResumePlan,
     campaign_view,
     checkpoint_bytes,
     parse_checkpoint,
     parse_config,
     parse_records,
     parse_status,
+    resume_plan,
 )
 from sealfl.server.errors import CampaignDirError
 
@@ -211,6 +213,28 @@ class CampaignDir:
         alive = identity_alive(owner) if owner else None
         return campaign_view(status, self.checkpoint_round(), alive)
 
+    def plan_resume(self, consortium_context_id: str | None = None) -> ResumePlan:
+        """:func:`~sealfl.server.campaign_files.resume_plan` of this directory (what
+        ``campaign resume`` would do). Raises CampaignDirError if ``status.json`` is
+        missing or malformed."""
+        status = self.read_status()
+        owner = status.get("owner") or ({"pid": status["pid"]} if status.get("pid") else None)
+        alive = identity_alive(owner) if owner else None
+        ck_error = None
+        if self.checkpoint_path.exists():
+            try:
+                self.read_checkpoint()
+            except CampaignDirError as exc:
+                ck_error = str(exc)
+        context_id = None
+        if consortium_context_id is not None:
+            try:
+                context_id = self.read_config().get("context_id")
+            except CampaignDirError as exc:
+                return ResumePlan(False, 0, status.get("num_rounds"), f"cannot resume: {exc}")
+        return resume_plan(self.view(status), ck_error, owner_alive=alive, campaign_context_id=context_id,
+                           consortium_context_id=consortium_context_id)
+
     def temporaries(self) -> list[Path]:
         """Temporary files a killed writer may leave (``.<name>.<random>.tmp``)."""
         found = []
@@ -295,6 +319,22 @@ class CampaignDir:
         self._write_status()
         return committed
 
+    def reopen(self, owner: dict) -> int:
+        """Make a stopped campaign ready to resume (coordinator, after
+        :meth:`plan_resume` allowed it and while no process writes here): :meth:`recover`,
+        then ``starting`` with ``owner``, the error cleared and ``resumed`` (a list of
+        ``{"at", "from_round", "previous_status"}``) extended. Returns the last finished round."""
+        rnd = self.recover()
+        prev = self.status.get("status")
+        resumed = self.status.get("resumed") if isinstance(self.status.get("resumed"), list) else []
+        for key in ("worker", "finished", "finished_iso", "stopped"):
+            self.status.pop(key, None)
+        self.num_rounds = self.status.get("num_rounds")
+        self.status.update(status="starting", error=None, owner=owner, round=rnd,
+                           resumed=[*resumed, {"at": time.time(), "from_round": rnd, "previous_status": prev}])
+        self._write_status()
+        return rnd
+
     def mark_interrupted(self, signum: int) -> dict:
         """Record that a signal stopped the campaign (after :meth:`recover`)."""
         rnd = int(self.status.get("round", 0))
@@ -319,15 +359,16 @@ class CampaignDir:
 
     # -- aggregator side ----------------------------------------------------------------
 
-    def begin(self) -> None:
+    def begin(self, resumed_from: int = 0) -> None:
         """Start recording a run: keep what the coordinator wrote (owner, Ray), set
-        ``running`` with this process as the worker (and as owner if there is none)."""
+        ``running`` with this process as the worker (and as owner if there is none);
+        ``resumed_from``: the round a resumed campaign continues after (0: a new one)."""
         try:
             self.status = self.read_status()
         except CampaignDirError:
             self.status = {}
         me = identity()
-        self.status.update(status="running", round=0, num_rounds=self.num_rounds, error=None, worker=me,
+        self.status.update(status="running", round=resumed_from, num_rounds=self.num_rounds, error=None, worker=me,
                            server_has_secret_key=None)
         self.status.setdefault("owner", me)
         self.status.setdefault("started", time.time())

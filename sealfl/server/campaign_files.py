@@ -36,7 +36,7 @@ _CKPT_ARRAYS = {"model_ct": (np.uint8, None), "model_weight": (np.float64, (1,))
 
 __all__ = ["STATUS", "ROUNDS", "CHECKPOINT", "CONFIG", "LOG", "STATES", "ACTIVE", "MAX_STATUS_BYTES", "MAX_CONFIG_BYTES", "parse_config",
            "parse_status", "Checkpoint", "checkpoint_bytes", "parse_checkpoint", "parse_records",
-           "CampaignView", "campaign_view"]
+           "CampaignView", "campaign_view", "ResumePlan", "resume_plan"]
 
 
 _PID_MAX = 2**62  # larger than any pid_max (2^22 on Linux): a cap on a hostile number, not a pid rule
@@ -216,7 +216,7 @@ def campaign_view(status: dict, checkpoint_round: int | None, owner_alive: bool 
         pid = owner.get("pid") if owner else "?"
         state = "dead"
         note = (f"stopped unexpectedly: the process that ran it (pid {pid}) is gone; the checkpoint of round {rnd} "
-                "is the last finished state; start again with 'campaign run --overwrite'")
+                f"is the last finished state; 'campaign resume' continues from it")
     elif state in ACTIVE and owner_alive is None and owner and owner.get("host"):
         note = f"running on host {owner['host']} (liveness not checked from here)"
     return CampaignView(state, rnd, status.get("num_rounds"), status.get("error"), note)
@@ -236,3 +236,62 @@ def parse_records(raw: bytes) -> list[dict]:
             continue
         out.append(rec)
     return out
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """What ``sealfl campaign resume`` would do with a campaign directory.
+
+    Attributes:
+        ok: True if it can resume.
+        from_round: the last finished round (the checkpoint's; 0: none, it starts at round 1).
+        num_rounds: rounds of the campaign.
+        message: one sentence for people: "resume will continue from round k of N" or why not.
+    """
+
+    ok: bool
+    from_round: int
+    num_rounds: int | None
+    message: str
+
+    def to_dict(self) -> dict:
+        return {"possible": self.ok, "from_round": self.from_round, "num_rounds": self.num_rounds,
+                "message": self.message}
+
+
+def resume_plan(view: CampaignView, checkpoint_error: str | None, *, owner_alive: bool | None,
+                campaign_context_id: str | None = None, consortium_context_id: str | None = None) -> ResumePlan:
+    """Decide whether a campaign can be resumed, and from where. Pure.
+
+    Args:
+        view: :func:`campaign_view` of the directory.
+        checkpoint_error: why the checkpoint file that exists does not parse (None: it
+            parses, or there is none).
+        owner_alive: whether the recorded owner process lives (None: cannot tell).
+        campaign_context_id: the HE context id in ``server_config.json``.
+        consortium_context_id: the consortium's context id (None: not checked, e.g. in
+            ``campaign status``).
+    Refused: a finished campaign (or one whose checkpoint holds every round), one whose
+    owner still runs or may run on another host, a damaged checkpoint, a campaign of
+    another consortium.
+    """
+    n, k = view.num_rounds, view.round
+    def no(why: str) -> ResumePlan:
+        return ResumePlan(False, k, n, f"cannot resume: {why}")
+    if view.state == "finished":
+        return no(f"the campaign finished all {n} rounds")
+    if view.state in ACTIVE and owner_alive is not False:
+        where = "its owner process still runs" if owner_alive else "its owner may still run (on another host)"
+        return no(f"the campaign is {view.state} and {where}; stop it first (Ctrl-C or SIGTERM)")
+    if checkpoint_error is not None:
+        return no(f"the checkpoint is damaged ({checkpoint_error}); start again with 'campaign run --overwrite'")
+    if not isinstance(n, int) or n < 1:
+        return no("status.json records no number of rounds")
+    if k >= n:
+        return no(f"the checkpoint already holds all {n} rounds")
+    if consortium_context_id is not None and campaign_context_id != consortium_context_id:
+        return no(f"the campaign belongs to another consortium (HE context {str(campaign_context_id)[:16]}..., the "
+                  f"consortium's is {consortium_context_id[:16]}...); give the consortium that ran it")
+    if k == 0:
+        return ResumePlan(True, 0, n, f"resume will start again at round 1 of {n} (no round had finished)")
+    return ResumePlan(True, k, n, f"resume will continue from round {k} of {n} (next: round {k + 1})")

@@ -115,13 +115,15 @@ class EncryptedFedAvg(FedAvg):
             ``rounds.jsonl``; None without DP.
         sum_shards: chunk-range shards of the round's sum (0: automatic, 1: in-process,
             N: N Ray tasks; see :func:`sealfl.server.sharded.shard_count`).
+        first_round: the campaign round Flower's round 1 is (a resumed campaign: k + 1);
+            every round number sent, logged and recorded is the campaign's.
     Raises:
         SecretKeyPresentError: ``codec`` holds a secret key.
     """
 
     def __init__(self, codec: Codec, n_params: int, *, roster: Roster, limits: ReplyLimits | None = None,
                  min_partners: int = 2, round_log: CampaignDir | None = None, wait_s: float = 600.0,
-                 privacy: tuple | None = None, sum_shards: int = 0):
+                 privacy: tuple | None = None, sum_shards: int = 0, first_round: int = 1):
         if codec.has_secret_key:
             raise SecretKeyPresentError("the aggregator's HE context holds a secret key; give it the public context")
         super().__init__(
@@ -139,6 +141,7 @@ class EncryptedFedAvg(FedAvg):
         self.privacy = privacy
         shard_count(sum_shards, 1, 1, 0)  # raises ValueError for a negative setting now, not in round 1
         self.sum_shards = int(sum_shards)
+        self.round_offset = int(first_round) - 1
         self.last_shards = 1
         self.stats_ct: bytes | None = None
         self.stats_n: np.ndarray | None = None
@@ -146,6 +149,11 @@ class EncryptedFedAvg(FedAvg):
         self._sent: list[Message] = []
         self._absent: dict[str, str] = {}
         self._last: tuple[bytes, float] | None = None  # the last published aggregate (DP: kept over a skipped round)
+
+    def resume_with(self, model_ct: bytes, model_weight: float) -> None:
+        """A resumed campaign: the checkpoint's aggregate is the last published one (what a
+        DP round with too few partners keeps)."""
+        self._last = (bytes(model_ct), float(model_weight))
 
     def summary(self) -> None:
         log.info("EncryptedFedAvg: HE %s, %d parameters, min_partners=%d", self.codec.params.to_dict(),
@@ -164,6 +172,7 @@ class EncryptedFedAvg(FedAvg):
 
     def configure_train(self, server_round, arrays, config, grid):
         """Train messages to every connected bound partner node (see module docstring)."""
+        server_round += self.round_offset
         self._t_round = time.perf_counter()
         if P.STATS_CT in arrays:
             self.stats_ct = P.from_u8(arrays[P.STATS_CT].numpy())
@@ -172,6 +181,7 @@ class EncryptedFedAvg(FedAvg):
 
     def configure_evaluate(self, server_round, arrays, config, grid):
         """Evaluate messages to every connected bound partner node."""
+        server_round += self.round_offset
         return self._configure(server_round, arrays, config, grid, MessageType.EVALUATE, "evaluate")
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -183,6 +193,7 @@ class EncryptedFedAvg(FedAvg):
         partner and why) if fewer than ``min_partners`` updates are valid; nothing is
         written then, so the previous checkpoint stays.
         """
+        server_round += self.round_offset
         t0 = time.perf_counter()
         roster = self.roster
         n_chunks = self.codec.params.n_chunks(self.n_params, PACKED)
@@ -272,6 +283,7 @@ class EncryptedFedAvg(FedAvg):
         the partner's earlier n, accuracy = correct/n, loss finite and bounded); per-partner
         figures and refusals (``eval_rejected``) go to the round log, which closes the round
         (also when no reply counts: ``pooled_test_accuracy`` is then null)."""
+        server_round += self.round_offset
         roster = self.roster
         screened = screen(
             replies, self._sent, roster,

@@ -101,6 +101,51 @@ def _prepare_only(spec) -> None:
                   f"--run-config '{rc}'", highlight=False, soft_wrap=True)
 
 
+@app.command("resume")
+def resume(
+    consortium: ConsortiumDir,
+    out: Path = typer.Argument(..., help="Campaign directory of a stopped campaign (interrupted, dead or failed)."),
+    ray_address: RayAddress = None,
+    superlink: Superlink = None,
+) -> None:
+    """Continue a stopped campaign (Ctrl-C, kill -9 of the coordinator or ServerApp, a
+    failure) from its last finished round's checkpoint, as a new run with the campaign's
+    own settings: the final model is an uninterrupted run's. 'campaign status' says what
+    it will do. Refuses a finished campaign, one still running, a damaged checkpoint and
+    a campaign of another consortium."""
+    with interruptible():
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from sealfl.platform.resume import resume_campaign
+        from sealfl.server.bookkeeping import CampaignDir
+
+        try:
+            plan = CampaignDir(out).plan_resume()
+            if plan.ok:
+                console.print(plan.message, highlight=False)
+            with Progress(TextColumn("[bold]encrypted rounds"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          TextColumn("{task.description}"), console=console, transient=False) as bar:
+                task = bar.add_task("resuming: statistics round…", total=plan.num_rounds or 1,
+                                    completed=plan.from_round)
+
+                def on_round(rec: dict) -> None:
+                    acc = rec.get("pooled_test_accuracy")
+                    bar.update(task, completed=rec["round"], description=(
+                        f"round {rec['round']}: pooled acc {acc if acc is not None else float('nan'):.3f}, "
+                        f"{len(rec.get('accepted', []))} partners, {rec.get('round_seconds', 0):.2f} s"))
+
+                res = resume_campaign(out, consortium, ray_address=ray_address, superlink=superlink,
+                                      flower_log_level="INFO" if VERBOSE["on"] else "WARNING", on_round=on_round)
+        except Interrupted as exc:
+            stopped(exc)
+        except (SealflError, OSError) as exc:
+            fail(str(exc))
+    acc = res.rounds[-1].get("pooled_test_accuracy") if res.rounds else None
+    console.print(f"campaign finished after resuming at round {plan.from_round + 1}: {len(res.rounds)} rounds, "
+                  f"pooled test accuracy {acc if acc is not None else float('nan'):.3f}; checkpoint in "
+                  f"{out / 'checkpoint'}")
+
+
 @app.command("status")
 def status(
     out: Path = typer.Argument(..., help="Campaign directory (running or finished)."),
@@ -116,6 +161,7 @@ def status(
     try:
         status_doc = cd.read_status()
         view = cd.view()
+        plan = cd.plan_resume()
     except SealflError as exc:
         fail(str(exc))
     rounds = cd.rounds()
@@ -130,7 +176,7 @@ def status(
         keep = ("started", "started_iso", "finished", "finished_iso", "updated", "updated_iso",
                 "server_has_secret_key", "owner")
         typer.echo(json.dumps({"dir": str(out), "state": view.state, "note": view.note, "round": view.round,
-                               "num_rounds": view.num_rounds, "error": view.error,
+                               "num_rounds": view.num_rounds, "error": view.error, "resume": plan.to_dict(),
                                "recorded_status": status_doc.get("status"),
                                **{k: status_doc.get(k) for k in keep}, "rounds_log_complete": not damaged,
                                "rounds": rounds}))
@@ -161,6 +207,9 @@ def status(
             console.print("privacy: (malformed record)")
     if view.error:
         err.print(f"[bold red]{'stopped' if view.state == 'interrupted' else 'error'}:[/] {view.error}")
+    if view.state not in ("finished", "running", "starting"):  # stopped: say what resume would do
+        console.print(f"{plan.message}{f' (sealfl campaign resume {out} -c CONSORTIUM)' if plan.ok else ''}",
+                      highlight=False)
     ray = status_doc.get("ray") if isinstance(status_doc.get("ray"), dict) else {}
     if ray:
         console.print(f"Ray: {ray.get('mode')} at {ray.get('gcs_address')}, authentication {ray.get('auth')}"
