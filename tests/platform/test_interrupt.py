@@ -5,6 +5,7 @@ run survives."""
 
 import json
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -49,7 +50,10 @@ def cli(tmp_path):
 def _assert_one_line_no_traceback(stderr: str, signame: str) -> None:
     # sealfl's own warnings (e.g. "SimTEE ... is an INSECURE simulation") may precede it;
     # nothing else: no traceback, no line from Ray or Flower
-    lines = [ln for ln in stderr.splitlines() if ln.strip() and not ln.startswith("WARNING sealfl.")]
+    # and its plain progress lines off a terminal ("[  2.0 s] export ONNX", "round 1/3 done: ...")
+    progress = re.compile(r"^(\[\s*[\d.]+ s\] |campaign started \(|round \d+/\d+ done: )")
+    lines = [ln for ln in stderr.splitlines()
+             if ln.strip() and not ln.startswith("WARNING sealfl.") and not progress.match(ln)]
     assert len(lines) == 1 and lines[0].startswith("interrupted:"), stderr[-3000:]
     assert signame in lines[0]
 
