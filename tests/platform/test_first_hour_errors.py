@@ -75,3 +75,18 @@ def test_kind_a_superlink_refuses_a_busy_port_and_a_state_directory_in_use(cons,
         assert code == 1 and "another SuperLink uses the state directory" in msg
     finally:
         os.close(fd)
+
+
+def test_kind_partner_check_shows_each_phase_off_a_terminal_then_the_result(cons, tmp_path):
+    import shutil
+
+    from sealfl.clients.kit import kit_dir
+
+    site = tmp_path / "site" / "kit"  # the README's partner quickstart: the kit copied under any name
+    shutil.copytree(kit_dir(cons.dir, "Cleveland"), site)
+    out = subprocess.run([sys.executable, "-m", "sealfl.platform.cli", "partner", "check", str(site)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    phases = [ln.split("] ", 1)[1] for ln in out.stderr.splitlines() if ln.startswith("[") and " s] " in ln]
+    assert [p.split()[0] for p in phases] == ["open", "round-trip", "load"], out.stderr
+    assert "partner Cleveland" in " ".join(out.stdout.split()) and "training examples" in out.stdout

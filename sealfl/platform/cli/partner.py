@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from sealfl.common.errors import SealflError
-from sealfl.platform.cli.output import command_group, console, fail
+from sealfl.platform.cli.output import command_group, console, err, fail
 
 __all__ = ["app"]
 
@@ -71,17 +71,33 @@ def check(
     data: Optional[Path] = DATA_OPTION,
 ) -> None:
     """Unwrap the kit's HE secret with the partner key, round-trip a test ciphertext, and
-    load the partner's data (its own with --data). Nothing leaves this machine."""
+    load the partner's data (its own with --data), showing each phase as it starts (plain
+    lines on stderr off a terminal). Nothing leaves this machine."""
+    import time
+
     import numpy as np
 
     from sealfl.clients.plugins import get_task
 
+    t0 = time.perf_counter()
+    interactive = err.is_terminal
+
+    def phase(name: str) -> None:  # each phase as it starts: a spinner on a terminal, a plain line in a log
+        if interactive:
+            status.update(f"{name}…")
+        else:
+            err.print(f"[{time.perf_counter() - t0:6.1f} s] {name}", markup=False, highlight=False)
+
     try:
-        k = _open(kit, key)
-        probe = np.array([1.25, -2.5, 3.0])
-        err_max = float(np.max(np.abs(k.codec.decrypt(k.codec.encrypt(probe)) - probe)))
-        task = get_task(k.task)
-        loaded = task.load_data(k.partner, _data_config(task, data))
+        with err.status("partner check…") as status:
+            phase("open the kit and unwrap the HE secret with the partner key")
+            k = _open(kit, key)
+            phase("round-trip a test ciphertext")
+            probe = np.array([1.25, -2.5, 3.0])
+            err_max = float(np.max(np.abs(k.codec.decrypt(k.codec.encrypt(probe)) - probe)))
+            phase(f"load the task ({k.task}) and the partner's data")
+            task = get_task(k.task)
+            loaded = task.load_data(k.partner, _data_config(task, data))
     except (SealflError, OSError) as exc:
         fail(str(exc))
     console.print(f"partner [bold]{k.partner}[/] of consortium {k.consortium} (task {task.name}): HE secret "
