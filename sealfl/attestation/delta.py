@@ -35,6 +35,7 @@ from Crypto.PublicKey import ECC
 from sealfl.attestation.canonical import JSONFormatError, canonical_json, loads_strict
 from sealfl.attestation.dsse import sign_envelope, verify_envelope
 from sealfl.attestation.errors import DeltaError, SignatureError
+from sealfl.attestation.intoto import one_subject_statement
 from sealfl.common.fields import Fields
 
 __all__ = ["DELTA_FILE", "PATCH_DIR", "PREDICATE_TYPE", "ALGORITHM", "DeltaFile", "DeltaStatement",
@@ -164,21 +165,7 @@ def verify_delta_statement(data: bytes, trusted: Sequence[ECC.EccKey]) -> DeltaS
     except (JSONFormatError, SignatureError) as exc:
         raise DeltaError(f"{DELTA_FILE}: {exc}; the delta is refused (install the full release)") from exc
     fields = Fields(DELTA_FILE, DeltaError)
-    try:
-        statement = loads_strict(payload)
-    except JSONFormatError as exc:
-        raise DeltaError(f"{DELTA_FILE}: the signed statement is not strict JSON: {exc}") from exc
-    fields.object(statement, "statement")
-    if statement.get("_type") != STATEMENT_TYPE:
-        raise fields.fail("_type", f"is {statement.get('_type')!r:.80}, expected {STATEMENT_TYPE!r}")
-    if statement.get("predicateType") != PREDICATE_TYPE:
-        raise fields.fail("predicateType", f"is {statement.get('predicateType')!r:.80}, expected {PREDICATE_TYPE!r}")
-    subjects = fields.get(statement, "subject", "array", nonempty=True)
-    if len(subjects) != 1:
-        raise fields.fail("subject", f"must hold exactly one subject, got {len(subjects)}")
-    subject = fields.object(subjects[0], "subject[0]")
-    name = fields.get(subject, "name", "string", "subject[0]")
-    digest = fields.get(fields.get(subject, "digest", "object", "subject[0]"), "sha256", "hex64", "subject[0].digest")
+    statement, name, digest = one_subject_statement(payload, PREDICATE_TYPE, fields, DELTA_FILE, DeltaError)
     parsed = _check_predicate(statement.get("predicate"), fields)
     if (name, digest) != (parsed.name, parsed.root_digest):
         raise fields.fail("subject[0]", "names another release than predicate.result")

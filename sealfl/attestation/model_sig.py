@@ -48,6 +48,7 @@ from sealfl.attestation import keys as _keys
 from sealfl.attestation.canonical import JSONFormatError, b64decode_strict, canonical_json, loads_strict
 from sealfl.attestation.dsse import MAX_SIGNATURES, pae
 from sealfl.attestation.errors import FormatError, ManifestError, SignatureError
+from sealfl.attestation.intoto import one_subject_statement
 from sealfl.attestation.manifest import validate_path
 from sealfl.common.fields import Fields, is_sha256_hex
 
@@ -213,21 +214,8 @@ def verify_model_signature(data: bytes, trusted: Sequence[ECC.EccKey]) -> ModelS
         raise SignatureError(f"{_WHAT} is not strict JSON: {exc}") from exc
     payload, kid = _signed_payload(bundle, trusted, fields)
     fields = Fields(f"{_WHAT} statement", SignatureError)
-    try:
-        statement = loads_strict(payload)
-    except JSONFormatError as exc:
-        raise SignatureError(f"{_WHAT}: the signed statement is not strict JSON: {exc}") from exc
-    if statement.get("_type") != STATEMENT_TYPE:
-        raise fields.fail("_type", f"is {statement.get('_type')!r:.80}, expected {STATEMENT_TYPE!r}")
-    if statement.get("predicateType") != PREDICATE_TYPE:
-        raise fields.fail("predicateType", f"is {statement.get('predicateType')!r:.80}, expected {PREDICATE_TYPE!r}")
-    subjects = fields.get(statement, "subject", "array", nonempty=True)
-    if len(subjects) != 1:
-        raise fields.fail("subject", f"must hold exactly one subject, got {len(subjects)}")
-    subject = fields.object(subjects[0], "subject[0]")
-    name = fields.get(subject, "name", "string", "subject[0]", nonempty=False)
-    digest = fields.get(subject, "digest", "object", "subject[0]")
-    root = fields.get(digest, "sha256", "hex64", "subject[0].digest")
+    statement, name, root = one_subject_statement(payload, PREDICATE_TYPE, fields, _WHAT, SignatureError,
+                                                  name_nonempty=False)
     predicate = fields.get(statement, "predicate", "object")
     serialization = fields.get(predicate, "serialization", "object", "predicate")
     for key, expected in (("method", "files"), ("hash_type", "sha256")):

@@ -37,6 +37,7 @@ from Crypto.PublicKey import ECC
 from sealfl.attestation.canonical import JSONFormatError, canonical_json, loads_strict
 from sealfl.attestation.dsse import sign_envelope, verify_envelope
 from sealfl.attestation.errors import ProvenanceError, SignatureError
+from sealfl.attestation.intoto import one_subject_statement
 from sealfl.common.fields import Fields
 
 __all__ = ["PROVENANCE_FILE", "PREDICATE_TYPE", "Provenance", "build_provenance", "verify_provenance"]
@@ -144,20 +145,7 @@ def verify_provenance(data: bytes, trusted: Sequence[ECC.EccKey], *, name: str, 
     except (JSONFormatError, SignatureError) as exc:
         raise ProvenanceError(f"{_WHAT}: {exc}") from exc
     fields = Fields(_WHAT, ProvenanceError)
-    try:
-        statement = loads_strict(payload)
-    except JSONFormatError as exc:
-        raise ProvenanceError(f"{_WHAT}: the signed statement is not strict JSON: {exc}") from exc
-    if statement.get("_type") != STATEMENT_TYPE:
-        raise fields.fail("_type", f"is {statement.get('_type')!r:.80}, expected {STATEMENT_TYPE!r}")
-    if statement.get("predicateType") != PREDICATE_TYPE:
-        raise fields.fail("predicateType", f"is {statement.get('predicateType')!r:.80}, expected {PREDICATE_TYPE!r}")
-    subjects = fields.get(statement, "subject", "array", nonempty=True)
-    if len(subjects) != 1:
-        raise fields.fail("subject", f"must hold exactly one subject, got {len(subjects)}")
-    subject = fields.object(subjects[0], "subject[0]")
-    signed_name = fields.get(subject, "name", "string", "subject[0]")
-    digest = fields.get(fields.get(subject, "digest", "object", "subject[0]"), "sha256", "hex64", "subject[0].digest")
+    statement, signed_name, digest = one_subject_statement(payload, PREDICATE_TYPE, fields, _WHAT, ProvenanceError)
     if signed_name != name:
         raise fields.fail("subject[0].name", f"is {signed_name!r}, but the release is {name!r}")
     if digest != root_digest:
