@@ -32,6 +32,7 @@ from pathlib import Path
 from Crypto.PublicKey import ECC
 
 from sealfl.clients.errors import KitError
+from sealfl.common.fsutil import read_capped
 from sealfl.he import codecs
 from sealfl.he.errors import CiphertextError, KeyWrapError
 from sealfl.he.kit_wrap import unwrap
@@ -97,8 +98,7 @@ def load_partner_key(path: str | Path) -> ECC.EccKey:
     or not on P-256."""
     p = Path(path)
     try:
-        with open(p, "rb") as fh:
-            data = fh.read(_MAX_KEY_FILE + 1)
+        data = read_capped(p, _MAX_KEY_FILE)
     except OSError as exc:
         raise KitError(f"cannot read the partner key {p}: {exc.strerror or exc}; give the partner_key.pem "
                        "'sealfl partner keygen' wrote on this machine") from exc

@@ -43,6 +43,7 @@ from sealfl.clients.heart.data import (
     _label,
     n_test_for,
 )
+from sealfl.common.fsutil import read_capped
 
 __all__ = ["load_own_partition", "REQUIRED_COLUMNS", "MAX_BYTES", "MAX_ROWS", "MIN_ROWS"]
 
@@ -135,8 +136,7 @@ def load_own_partition(path: str | Path, name: str, seed: int = 42) -> Partition
     if p.is_dir():
         raise DataError(f"--data {p} is a directory; the heart task reads one CSV file")
     try:
-        with open(p, "rb") as fh:
-            data = fh.read(MAX_BYTES + 1)
+        data = read_capped(p, MAX_BYTES)
     except OSError as exc:
         raise DataError(f"cannot read {p}: {exc.strerror or exc}") from exc
     if len(data) > MAX_BYTES:

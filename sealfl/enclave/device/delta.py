@@ -29,6 +29,7 @@ from sealfl.attestation.delta import DELTA_FILE, MAX_STATEMENT_BYTES, PATCH_DIR,
 from sealfl.attestation.delta import verify_delta_statement as _verify_statement
 from sealfl.attestation.errors import DeltaError, TrustAnchorError, VerificationError
 from sealfl.attestation.trust import load_trust_anchors
+from sealfl.common.fsutil import read_capped
 from sealfl.enclave.device.verify import verify_dir
 
 __all__ = ["read_delta_statement", "delta_files", "apply_delta"]
@@ -38,8 +39,7 @@ log = logging.getLogger(__name__)
 
 def _read_capped(path: Path, cap: int, what: str) -> bytes:
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(cap + 1)
+        data = read_capped(path, cap)
     except OSError as exc:
         raise DeltaError(f"cannot read {what} {path}: {exc}") from exc
     if len(data) > cap:

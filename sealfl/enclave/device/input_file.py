@@ -19,6 +19,7 @@ import os
 
 import numpy as np
 
+from sealfl.common.fsutil import read_capped
 from sealfl.enclave.errors import InputFileError
 
 __all__ = ["MAX_INPUT_BYTES", "parse_feature_rows", "read_feature_rows"]
@@ -81,8 +82,7 @@ def read_feature_rows(path: str | os.PathLike, n_features: int | None) -> np.nda
         InputFileError: unreadable, larger than :data:`MAX_INPUT_BYTES`, or malformed.
     """
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_INPUT_BYTES + 1)
+        data = read_capped(path, MAX_INPUT_BYTES)
     except OSError as exc:
         raise InputFileError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
     if len(data) > MAX_INPUT_BYTES:
