@@ -178,7 +178,7 @@ def test_release_refuses_unfinished_or_stale_campaigns(built, tmp_path):
     gone = subprocess.Popen(["true"])
     gone.wait()  # a pid whose process has exited: the campaign's owner was killed
     CampaignDir(camp, 3).set_status(status="running", round=2, error=None, owner={"pid": gone.pid})
-    with pytest.raises(ReleaseError, match=r"is 'dead', not finished.*--overwrite"):  # as 'campaign status' says
+    with pytest.raises(ReleaseError, match=r"is 'dead', not finished.*'campaign resume' continues from it"):  # as 'campaign status' says
         release(built["cons"].dir, camp, tmp_path / "r", version=3)
     CampaignDir(camp, 5).set_status(status="finished", round=5)  # checkpoint says round 3
     with pytest.raises(ReleaseError, match="stale"):
