@@ -199,37 +199,6 @@ def test_ctrl_c_stops_a_deployed_campaign_after_a_round_and_the_run_on_the_super
     assert doc["runs"][0]["status"].startswith("finished:"), doc  # stopped on the SuperLink, not left running
 
 
-def test_a_deployed_campaign_stopped_with_ctrl_c_resumes_on_the_superlink_as_a_new_run(federation):
-    """Flower 1.42 does not resume a stopped run: ``campaign resume --superlink`` submits a
-    new run that starts from the checkpoint; its rounds are the simulation's numbers."""
-    fed = federation
-    d, cons = fed["dir"], fed["cons"]
-    superlink = f"127.0.0.1:{fed['port']}"
-    camp = _sealfl(["campaign", "run", "-c", cons.dir, "--out", d / "resumed", "--rounds", 3,
-                    "--superlink", superlink], d / "resumed.out")
-    cd = CampaignDir(d / "resumed")
-    _wait(lambda: cd.rounds_path.exists() and cd.rounds() or camp.poll() is not None, "round 1", 300)
-    camp.send_signal(signal.SIGINT)
-    assert camp.wait(timeout=120) == 130, (d / "resumed.out").read_text()
-    first = cd.read_status()
-    k = first["round"]
-    assert first["status"] == "interrupted" and k in (1, 2)
-    again = subprocess.run([sys.executable, "-m", "sealfl.platform.cli", "campaign", "resume", str(cd.dir), "-c",
-                            str(cons.dir), "--superlink", superlink], capture_output=True, text=True, env=_env(),
-                           timeout=600)
-    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
-    assert f"resume will continue from round {k} of 3" in " ".join(again.stdout.split())
-    status = cd.read_status()
-    assert status["status"] == "finished" and status["resumed"][0]["from_round"] == k
-    assert status["deployment"]["run_id"] != first["deployment"]["run_id"]  # a new run on the SuperLink
-    rounds = cd.rounds()
-    assert [r["round"] for r in rounds] == [1, 2, 3]
-    sim_dir = d / "simulated"
-    if not CampaignDir(sim_dir).exists():  # the first test made it; run alone, make it here
-        run_campaign(CampaignSpec(str(cons.dir), str(sim_dir), rounds=ROUNDS))
-    for a, b in zip(rounds, CampaignDir(sim_dir).rounds()):  # round k + 1 started from the checkpoint
-        assert a["train_loss"] == b["train_loss"] and a["pooled_test_accuracy"] == b["pooled_test_accuracy"]
-
 
 def test_sigterm_stops_the_superlink_and_every_supernode_leaving_no_process(federation):
     procs = federation["procs"]
