@@ -18,13 +18,12 @@ import sys
 from pathlib import Path
 
 import httpx
+import openai  # the official client (dev extra): missing, the module fails instead of skipping
 import pytest
 
 from sealfl.common.testpoints import ENV_DIR, ENV_STAGE, event_path
 from tests.support.llm_tiny import SMOL_TEMPLATE, tokenizer_json, write_tiny_release
 from tests.support.serve import DEADLINE_S, Server, _children, _gone, _wait
-
-openai = pytest.importorskip("openai")  # dev extra; an ImportError would hide the API contract's tests
 
 MESSAGES = [{"role": "user", "content": "What is a list?"}]
 
