@@ -53,14 +53,17 @@ MAX_ROUNDS = 100_000
 
 @dataclass(frozen=True)
 class Link:
-    """One link's outcome: ``name`` (:data:`LINKS`), ``ok``, ``detail`` (what holds, or why not)."""
+    """One link's outcome: ``name`` (:data:`LINKS`), ``ok``, ``detail`` (what holds, or why not),
+    ``skipped`` (not checked because the auditor said so: only the device link, with
+    ``device_required=False``; a skipped link is never ``ok``)."""
 
     name: str
     ok: bool
     detail: str
+    skipped: bool = False
 
     def to_dict(self) -> dict:
-        return {"link": self.name, "ok": self.ok, "detail": self.detail}
+        return {"link": self.name, "ok": self.ok, "skipped": self.skipped, "detail": self.detail}
 
 
 @dataclass(frozen=True)
@@ -146,9 +149,13 @@ def _decrypted_link(log: dict[int, dict], prov: Provenance) -> Link:
                                              f"{dec['sha256'][:16]}…, the log's last")
 
 
-def _device_link(device: DeviceEvidence | None, root_digest: str | None) -> Link:
+def _device_link(device: DeviceEvidence | None, root_digest: str | None, required: bool) -> Link:
+    if device is None and not required:
+        return Link("device", False, "not checked (--no-device): the chain is audited up to the release",
+                    skipped=True)
     if device is None:
-        return Link("device", False, "no device evidence given (--evidence, --device-ak, --nonce)")
+        return Link("device", False, "no device evidence given: pass --evidence, --device-ak and --nonce, "
+                                     "or --no-device to audit the chain up to the release")
     if root_digest is None:
         return Link("device", False, "not checked: the release's root digest is unknown (see the release link)")
     policy = parse_policy({"schema": POLICY_SCHEMA, "backends": sorted(device.backends),
@@ -163,7 +170,7 @@ def _device_link(device: DeviceEvidence | None, root_digest: str | None) -> Link
 
 
 def audit_chain(*, trust: TrustAnchors, round_log: bytes, release_files: Mapping[str, bytes],
-                device: DeviceEvidence | None) -> list[Link]:
+                device: DeviceEvidence | None, device_required: bool = True) -> list[Link]:
     """Check every link of the chain (module docstring). Pure.
 
     Args:
@@ -171,6 +178,8 @@ def audit_chain(*, trust: TrustAnchors, round_log: bytes, release_files: Mapping
         round_log: the campaign's public ``rounds.jsonl`` bytes.
         release_files: ``{name: bytes}`` of every file of the release directory.
         device: the device's evidence and what the auditor allows, or None.
+        device_required: False to audit up to the release: with no ``device``, the device
+            link is then ``skipped`` instead of failed.
 
     Returns:
         one :class:`Link` per name of :data:`LINKS`, in that order.
@@ -221,9 +230,10 @@ def audit_chain(*, trust: TrustAnchors, round_log: bytes, release_files: Mapping
         decrypted = Link("decrypted-aggregate", False, "not checked: no valid provenance")
     else:
         rounds, decrypted = _rounds_link(log, prov), _decrypted_link(log, prov)
-    return [rounds, decrypted, provenance, release, _device_link(device, root_digest)]
+    return [rounds, decrypted, provenance, release, _device_link(device, root_digest, device_required)]
 
 
 def all_hold(links: Collection[Link]) -> bool:
-    """True iff every link holds (and there are all of :data:`LINKS`)."""
-    return len(links) == len(LINKS) and all(link.ok for link in links)
+    """True iff every link holds or was skipped on the auditor's request (and there are all of
+    :data:`LINKS`)."""
+    return len(links) == len(LINKS) and all(link.ok or link.skipped for link in links)

@@ -464,3 +464,32 @@ def test_audit_names_a_device_that_runs_another_release(chain, built, tmp_path):
     # the chain's own evidence held against another device's AK: refused too
     links = _only_failing(_links(chain, ak=tmp_path / "ak.pem"), "device")
     assert "does not hold" in links["device"][1]
+
+
+def _audit_without_device(chain, *extra):
+    return subprocess.run([sys.executable, "-m", "sealfl.platform.cli", "audit", "--trust", str(chain["trust"]),
+                           "--rounds", str(chain["rounds"].parent), "--release", str(chain["release"]), *extra],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_audit_without_device_evidence_fails_unless_asked_to_stop_at_the_release(chain, tmp_path):
+    # --rounds given the campaign directory: its rounds.jsonl is read
+    done = _audit_without_device(chain)
+    assert done.returncode == 1 and "FAIL  device" in done.stdout and "--no-device" in done.stdout
+    done = _audit_without_device(chain, "--no-device", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    links = {d["link"]: d for d in json.loads(done.stdout)["links"]}
+    assert links["device"]["skipped"] is True and links["device"]["ok"] is False
+    assert all(d["ok"] for name, d in links.items() if name != "device")
+    # skipping the device never hides a broken earlier link
+    lines = chain["rounds"].read_text().splitlines()
+    first = json.loads(lines[0])
+    first["aggregate_sha256"] = "0" * 64
+    (tmp_path / "rounds.jsonl").write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    done = subprocess.run([sys.executable, "-m", "sealfl.platform.cli", "audit", "--trust", str(chain["trust"]),
+                           "--rounds", str(tmp_path), "--release", str(chain["release"]), "--no-device"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "FAIL  rounds" in done.stdout and "SKIP  device" in done.stdout
+    # --no-device with evidence is a contradiction, refused
+    done = _audit_cli(chain, "--no-device")
+    assert done.returncode == 1 and "--no-device" in done.stderr

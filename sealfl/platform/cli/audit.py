@@ -4,7 +4,10 @@ Only public material is read: the trust directory, the campaign's public round l
 release directory and a device's attestation evidence (with its AK public key and the nonce
 it answered). One line per link of :mod:`sealfl.attestation.audit` (``PASS`` or ``FAIL`` and
 the reason); exit 0 only when every link holds, 1 otherwise (and on unreadable input).
-``--json`` prints ``{"ok": bool, "links": [{"link", "ok", "detail"}, ...]}``.
+``--json`` prints ``{"ok": bool, "links": [{"link", "ok", "skipped", "detail"}, ...]}``.
+``--no-device`` audits up to the release (before any device runs it): the device link is
+``SKIP`` and exit 0 needs every other link. ``--rounds`` takes the log or its campaign
+directory.
 """
 
 from __future__ import annotations
@@ -73,7 +76,8 @@ def _device(trust: Path, evidence: Optional[Path], device_ak: Optional[Path], no
 @audit_app.command("audit")
 def audit(
     trust: TrustDir,
-    rounds: Annotated[Path, typer.Option("--rounds", help="The campaign's public round log (rounds.jsonl).")],
+    rounds: Annotated[Path, typer.Option("--rounds", help="The campaign's public round log (rounds.jsonl), "
+                                                          "or the campaign directory holding it.")],
     release_dir: Annotated[Path, typer.Option("--release", "-r", help="Release directory to audit.")],
     evidence: Annotated[Optional[Path], typer.Option("--evidence", help="A device's attestation evidence "
                                                                         "(sealfl device attest output).")] = None,
@@ -84,6 +88,8 @@ def audit(
                                                                  "(repeatable; default: this sealfl's).")] = [],
     allow_sim: Annotated[bool, typer.Option("--allow-sim", help="Accept quotes of the INSECURE sim TEE "
                                                                 "(tests and demos).")] = False,
+    no_device: Annotated[bool, typer.Option("--no-device", help="Audit up to the release: the device link is "
+                                                                "skipped (SKIP), not failed.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the links as JSON.")] = False,
 ) -> None:
     """Check the chain link by link: round digests -> the aggregate the enclave decrypted ->
@@ -96,18 +102,24 @@ def audit(
         anchors = load_trust_anchors(trust)
     except SealflError as exc:
         fail(str(exc))
+    if rounds.is_dir():
+        rounds = rounds / "rounds.jsonl"
     log = _read(rounds, _MAX_ROUND_LOG, "round log")
     try:
         files = read_release_dir(release_dir)
     except SealflError as exc:
         fail(f"cannot read the release {release_dir}: {exc}")
-    links = audit_chain(trust=anchors, round_log=log, release_files=files,
-                        device=_device(trust, evidence, device_ak, nonce, runtime, allow_sim))
+    device = _device(trust, evidence, device_ak, nonce, runtime, allow_sim)
+    if no_device and device is not None:
+        fail("--no-device skips the device link: give it without --evidence, --device-ak and --nonce")
+    links = audit_chain(trust=anchors, round_log=log, release_files=files, device=device,
+                        device_required=not no_device)
     ok = all_hold(links)
     if as_json:
         sys.stdout.write(json.dumps({"ok": ok, "links": [link.to_dict() for link in links]}) + "\n")
     else:
         for link in links:
-            console.print(f"{'PASS' if link.ok else 'FAIL'}  {link.name:20s} {link.detail}", markup=False,
+            word = "SKIP" if link.skipped else "PASS" if link.ok else "FAIL"
+            console.print(f"{word}  {link.name:20s} {link.detail}", markup=False,
                           highlight=False, soft_wrap=True)
     raise typer.Exit(0 if ok else 1)
