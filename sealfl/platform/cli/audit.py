@@ -97,21 +97,23 @@ def audit(
     digest. One line per link; exit 0 only when every link holds."""
     from sealfl.attestation.audit import all_hold, audit_chain
     from sealfl.attestation.release import load_trust_anchors, read_release_dir
+    from sealfl.server.campaign_files import ROUNDS
+
+    if no_device and (evidence is not None or device_ak is not None or nonce is not None):
+        fail("--no-device skips the device link: give it without --evidence, --device-ak and --nonce")
 
     try:
         anchors = load_trust_anchors(trust)
     except SealflError as exc:
         fail(str(exc))
     if rounds.is_dir():
-        rounds = rounds / "rounds.jsonl"
+        rounds = rounds / ROUNDS
     log = _read(rounds, _MAX_ROUND_LOG, "round log")
     try:
         files = read_release_dir(release_dir)
     except SealflError as exc:
         fail(f"cannot read the release {release_dir}: {exc}")
     device = _device(trust, evidence, device_ak, nonce, runtime, allow_sim)
-    if no_device and device is not None:
-        fail("--no-device skips the device link: give it without --evidence, --device-ak and --nonce")
     links = audit_chain(trust=anchors, round_log=log, release_files=files, device=device,
                         device_required=not no_device)
     ok = all_hold(links)
