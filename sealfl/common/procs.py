@@ -36,7 +36,7 @@ from sealfl.common.errors import ProcessInfoError
 ENV_TOKEN = "SEALFL_RUN_TOKEN"
 
 __all__ = ["ENV_TOKEN", "ProcStat", "parse_stat", "read_stat", "identity", "identity_alive", "run_members",
-           "kill_run", "set_parent_death_signal", "parse_proc_net", "listening_sockets", "non_loopback"]
+           "kill_run", "set_parent_death_signal", "follow_parent_preexec", "parse_proc_net", "listening_sockets", "non_loopback"]
 
 
 @dataclass(frozen=True)
@@ -141,10 +141,23 @@ def kill_run(token: str, sid: int | None, deadline_s: float = 30.0, exclude: tup
 def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
     """``prctl(PR_SET_PDEATHSIG, sig)``: the kernel sends ``sig`` to this process when the
     thread that created it exits (prctl(2)). Linux only; raises OSError on failure."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(1, int(sig), 0, 0, 0) != 0:  # PR_SET_PDEATHSIG = 1 (linux/prctl.h)
+    if ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0) != 0:  # PR_SET_PDEATHSIG = 1 (linux/prctl.h)
         err = ctypes.get_errno()
         raise OSError(err, f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(err)}")
+
+
+def follow_parent_preexec(sig: int = signal.SIGKILL):
+    """A ``subprocess.Popen(preexec_fn=...)`` that gives the child ``sig`` when the calling
+    thread's process dies, even by SIGKILL (``PR_SET_PDEATHSIG``); a parent already gone
+    before the prctl took effect ends the child at once. ``prctl`` is looked up here, in the
+    parent, so the forked child calls it without loading anything (no lock another thread
+    may have held at the fork)."""
+    prctl, parent = ctypes.CDLL(None, use_errno=True).prctl, os.getpid()
+
+    def follow() -> None:
+        if prctl(1, int(sig), 0, 0, 0) != 0 or os.getppid() != parent:
+            os._exit(1)
+    return follow
 
 
 # -- listening sockets ------------------------------------------------------------------

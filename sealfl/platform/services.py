@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sealfl.common.errors import Interrupted
-from sealfl.common.procs import ENV_TOKEN, kill_run
+from sealfl.common.procs import ENV_TOKEN, follow_parent_preexec, kill_run
 from sealfl.platform import flwr_cli
 from sealfl.platform.errors import DeploymentError
 from sealfl.platform.startup_kits import (
@@ -160,7 +160,9 @@ def register_supernodes(kit: Path, flwr_home: Path, keys_dir: Path) -> list[str]
 def run_service(cmd: list[str], *, log_path: Path, env: dict, on_ready: Callable[[], None] | None = None,
                 ready: Callable[[], bool] | None = None, ready_timeout_s: float = 60.0,
                 announce: Callable[[str], None] | None = None, tick_s: float = 0.5) -> int:
-    """Run ``cmd`` until it exits or a signal arrives; returns its exit code.
+    """Run ``cmd`` until it exits or a signal arrives; returns its exit code. The service
+    dies with this process, also when this one is SIGKILLed (``PR_SET_PDEATHSIG``; Flower's
+    own children follow it through their ``--parent-pid``).
 
     ``ready()`` is polled until true (then ``on_ready()`` runs once); the process exiting
     first, or ``ready_timeout_s`` passing, raises DeploymentError naming ``log_path``.
@@ -176,7 +178,8 @@ def run_service(cmd: list[str], *, log_path: Path, env: dict, on_ready: Callable
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, close_fds=True,
-                                start_new_session=True, env={**env, ENV_TOKEN: token})
+                                start_new_session=True, env={**env, ENV_TOKEN: token},
+                                preexec_fn=follow_parent_preexec())
     pidfd = os.pidfd_open(proc.pid)
     is_ready = ready is None
     t0 = time.monotonic()
