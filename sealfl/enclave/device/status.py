@@ -3,7 +3,8 @@
 :func:`device_status` reads, and never changes: ``state.json`` (the running release and the
 rollback floor, :class:`~sealfl.attestation.device_state.DeviceState`), ``tee/tee.json``
 (the TEE backend), ``update.json`` (the last update check, :mod:`.update`) and
-``last_refused.json`` (why the last new release was refused, :mod:`.boot`). It does not
+``last_refused.json`` (why the last new release was refused, :mod:`.boot`) and
+``repo-floor.json`` (:mod:`sealfl.attestation.repo_floor`). It does not
 open the TEE (that would reset the PCRs of a running device).
 
 The returned dict (``--json`` prints it)::
@@ -14,6 +15,7 @@ The returned dict (``--json`` prints it)::
                                           | {"kind": "directory", "path": str}},
      "tee_backend": null | "tpm" | "sim",   "insecure": bool,
      "rollback_floor": null | int,          # the version below which nothing boots
+     "repository_floor": null | {"name", "version", "root_version"},   # see repo_floor
      "last_update": null | {"checked_at", "result", "message", "repo"},
      "last_refused": null | {"reason", "file", "check", "message", "time"}}
 """
@@ -24,7 +26,9 @@ import json
 import os
 from pathlib import Path
 
+from sealfl.attestation.errors import DeviceStateError
 from sealfl.attestation.quote import INSECURE_BACKENDS
+from sealfl.attestation.repo_floor import REPO_FLOOR_FILE, RepoFloor
 from sealfl.enclave.device.boot import REFUSAL_FILE, read_device_state
 from sealfl.enclave.device.provision import TEE_DIR, recorded_backend
 from sealfl.enclave.device.update import read_update_record
@@ -39,6 +43,15 @@ def _json_or_none(path: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) else None
+
+
+def _repo_floor(root: Path) -> dict | None:
+    try:
+        with open(root / REPO_FLOOR_FILE, "rb") as fh:
+            f = RepoFloor.from_bytes(fh.read(4096))
+    except (OSError, DeviceStateError):
+        return None
+    return {"name": f.name, "version": f.version, "root_version": f.root_version}
 
 
 def device_status(state_dir: str | os.PathLike) -> dict:
@@ -69,7 +82,7 @@ def device_status(state_dir: str | os.PathLike) -> dict:
     return {"state_dir": str(root), "release": release, "tee_backend": backend,
             "insecure": backend in INSECURE_BACKENDS if backend else False,
             "rollback_floor": state.last_good.version if state.last_good is not None else None,
-            "last_update": last_update, "last_refused": _json_or_none(root / REFUSAL_FILE)}
+            "repository_floor": _repo_floor(root), "last_update": last_update, "last_refused": _json_or_none(root / REFUSAL_FILE)}
 
 
 def format_status(s: dict) -> list[str]:
@@ -87,6 +100,9 @@ def format_status(s: dict) -> list[str]:
     tee = s["tee_backend"] or "none (not provisioned)"
     lines.append(f"TEE backend: {tee}" + (" (INSECURE simulation)" if s["insecure"] else ""))
     lines.append(f"rollback floor: {'none' if s['rollback_floor'] is None else 'v' + str(s['rollback_floor'])}")
+    f = s.get("repository_floor")
+    if f:
+        lines.append(f"repository floor: {f['name']} v{f['version']} (TUF root v{f['root_version']})")
     u = s["last_update"]
     lines.append("last update check: never" if u is None else
                  f"last update check: {u['checked_at']} from {u['repo']}: {u['result']} ({u['message']})")

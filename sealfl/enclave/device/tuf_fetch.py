@@ -27,7 +27,7 @@ from tuf.api import exceptions as tuf_exc
 from tuf.ngclient import Updater, UpdaterConfig
 from tuf.ngclient.urllib3_fetcher import Urllib3Fetcher
 
-__all__ = ["UpdateLimits", "DEFAULT_LIMITS", "DeadlineFetcher", "make_updater"]
+__all__ = ["UpdateLimits", "DEFAULT_LIMITS", "MirrorUnreachable", "DeadlineFetcher", "make_updater"]
 
 _READ = 64 << 10
 
@@ -67,6 +67,11 @@ class UpdateLimits:
 DEFAULT_LIMITS = UpdateLimits()
 
 
+class MirrorUnreachable(tuf_exc.DownloadError):
+    """No connection to the mirror: refused, no route, or its name does not resolve (not a
+    stall: nothing was ever answered)."""
+
+
 class DeadlineFetcher(Urllib3Fetcher):
     """python-tuf's urllib3 fetcher with a deadline per download (module docstring)."""
 
@@ -82,6 +87,10 @@ class DeadlineFetcher(Urllib3Fetcher):
                                                                        read=self.socket_timeout),
                                                retries=urllib3.Retry(total=0, redirect=0))
         except urllib3.exceptions.MaxRetryError as exc:
+            # urllib3's NewConnectionError derives from ConnectTimeoutError: test it first
+            if isinstance(exc.reason, urllib3.exceptions.NewConnectionError):
+                raise MirrorUnreachable(f"{url}: the mirror refused the connection or is unreachable "
+                                        f"({str(exc.reason)[:200]})") from exc
             if isinstance(exc.reason, urllib3.exceptions.TimeoutError):
                 raise tuf_exc.SlowRetrievalError(f"{url}: no answer within {self.socket_timeout} s") from exc
             raise tuf_exc.DownloadError(f"{url}: {exc.reason}") from exc

@@ -4,6 +4,9 @@ with the device's one verification, canary and slot switch.
 Order (each step refuses with :class:`~sealfl.enclave.errors.UpdateError` and changes
 nothing on the device; ``state_dir/update.json`` records the check and its result):
 
+0. the trust directory loads and its ``tuf-root.json``, when present, is a TUF root signed
+   by its own keys (:func:`~sealfl.enclave.device.update_trust.check_trust_files`), even
+   when the device no longer reads it -- a damaged trust file is named, never "up to date";
 1. the trusted TUF root: the device's own ``state_dir/tuf/root.json`` (kept by python-tuf
    across updates and root rotations), or on first use ``TRUST/tuf-root.json`` given at
    provisioning (:data:`~sealfl.attestation.repo_index.TUF_ROOT_FILE`);
@@ -13,6 +16,10 @@ nothing on the device; ``state_dir/update.json`` records the check and its resul
    hash-checked by TUF, parsed strictly; :func:`~sealfl.attestation.repo_index.choose_update`
    picks the newest release of the device's release name -- an older one than the running
    release is refused (the device never goes back), the same one means up to date;
+   then the repository floor (:func:`~sealfl.attestation.repo_floor.decide_floor` over the
+   root chain python-tuf accepted, ``state_dir/tuf/root_history``) is kept, re-based after a
+   rotation of the keys that set it, or refuses the offer; the new floor is stored before
+   anything is downloaded;
 4. a signed delta first, when the repository publishes one from the running release's root
    digest (:func:`~sealfl.attestation.repo_index.delta_target_path`; ``prefer_delta``):
    its statement verified against the pinned release keys and naming exactly the chosen
@@ -50,7 +57,13 @@ from pathlib import Path
 from tuf.api import exceptions as tuf_exc
 
 from sealfl.attestation.delta import DELTA_FILE, PATCH_DIR, verify_delta_statement
-from sealfl.attestation.errors import AttestationError, DeltaError, TrustAnchorError, VerificationError
+from sealfl.attestation.errors import (
+    AttestationError,
+    DeltaError,
+    TrustAnchorError,
+    VerificationError,
+)
+from sealfl.attestation.repo_floor import FloorDecision
 from sealfl.attestation.repo_index import (
     INDEX_TARGET,
     MAX_INDEX_BYTES,
@@ -74,7 +87,8 @@ from sealfl.enclave.device.policy import (
     check_state_apart,
 )
 from sealfl.enclave.device.slots import slot_path
-from sealfl.enclave.device.tuf_fetch import DEFAULT_LIMITS, UpdateLimits, make_updater
+from sealfl.enclave.device.tuf_fetch import DEFAULT_LIMITS, MirrorUnreachable, UpdateLimits, make_updater
+from sealfl.enclave.device.update_trust import check_repo_floor, check_trust_files
 from sealfl.enclave.device.verify import verify_dir
 from sealfl.enclave.errors import UpdateError
 
@@ -103,6 +117,7 @@ class UpdateResult:
         via: how the release's bytes came: ``"delta"`` (a signed delta onto the running
             release), ``"full"`` (every file), or None (nothing downloaded).
         delta_refused: why a published delta was not used (then ``via`` is ``"full"``), else None.
+        floor: the repository floor decision (keep or rebase), or None.
     """
 
     action: str
@@ -112,6 +127,7 @@ class UpdateResult:
     outcome: BootOutcome | None = None
     via: str | None = None
     delta_refused: str | None = None
+    floor: FloorDecision | None = None
 
     @property
     def exit_code(self) -> int:
@@ -168,6 +184,9 @@ def _bootstrap(trust_dir: Path, metadata_dir: Path) -> bytes | None:
 
 def _tuf_error(exc: Exception, what: str, stage: str | None = None) -> UpdateError:
     stage = stage or ("download" if isinstance(exc, tuf_exc.DownloadError) else "metadata")
+    if isinstance(exc, MirrorUnreachable):
+        return UpdateError(f"the repository could not be reached while {what}: {exc}; check --repo and that "
+                           "'sealfl repo serve' runs there; the running release is kept", stage=stage)
     return UpdateError(f"the repository was refused while {what}: {type(exc).__name__}: {str(exc)[:600]}; the "
                        "running release is kept", stage=stage)
 
@@ -280,6 +299,8 @@ def update(trust_dir: str | os.PathLike, repo_url: str, state_dir: str | os.Path
         release["via"] = result.via
     if result.delta_refused:
         release["delta_refused"] = result.delta_refused[:1000]
+    if result.floor is not None:
+        release["floor"] = {"action": result.floor.action, "reason": result.floor.reason[:1000]}
     message = {"installed": "installed", "current": "up to date",
                "kept": f"refused on the device: {result.outcome.refused if result.outcome else ''}"}[result.action]
     _record(state_root, repo_url, result.action, message, release)
@@ -288,6 +309,7 @@ def update(trust_dir: str | os.PathLike, repo_url: str, state_dir: str | os.Path
 
 def _update_locked(trust_dir: Path, repo_url: str, state_root: Path, name: str | None, limits: UpdateLimits,
                    boot_options: dict, keep_device: bool, prefer_delta: bool = True) -> UpdateResult:
+    check_trust_files(trust_dir, limits)
     state = read_device_state(state_root)
     running = state.last_good
     follow = name or (running.name if running is not None else None)
@@ -313,9 +335,11 @@ def _update_locked(trust_dir: Path, repo_url: str, state_root: Path, name: str |
         if choice.action == "none":
             raise UpdateError(f"the repository lists no release named {follow}", stage="index")
         rel = choice.release
+        floor = check_repo_floor(state_root, metadata_dir, rel.name, rel.version, running.version if running else None,
+                            limits)
         if choice.action == "current":
             log.info("%s v%d is the newest release: up to date", rel.name, rel.version)
-            return UpdateResult("current", rel.name, rel.version, rel.root_digest)
+            return UpdateResult("current", rel.name, rel.version, rel.root_digest, floor=floor)
         (staging / ".index.json").unlink()
         release_dir = staging / "release"
         try:
@@ -353,7 +377,7 @@ def _update_locked(trust_dir: Path, repo_url: str, state_root: Path, name: str |
             outcome.device.close()
         action = "kept" if outcome.kept_last_good else "installed"
         log.info("update: %s %s v%d", action, rel.name, rel.version)
-        return UpdateResult(action, rel.name, rel.version, rel.root_digest, outcome, via, delta_refused)
+        return UpdateResult(action, rel.name, rel.version, rel.root_digest, outcome, via, delta_refused, floor)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

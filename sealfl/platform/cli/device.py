@@ -443,7 +443,11 @@ def status(
     from sealfl.enclave.device.status import device_status, format_status
 
     if not state.is_dir():
-        fail(f"no device state directory {state}")
+        what = "is not a directory" if state.exists() else "does not exist"
+        fail(f"the device state directory {state} {what}: this device has not been set up there. Provision it "
+             f"('sealfl device provision --state {state} --tee tpm'), then install a release ('sealfl device update "
+             f"--trust TRUST --state {state} --repo URL --name NAME' or 'sealfl device boot --trust TRUST --release "
+             f"DIR --state {state}'); or give the --state of an existing device")
     try:
         s = device_status(state)
     except (SealflError, OSError) as exc:

@@ -60,6 +60,19 @@ def init(
                   f"{r.metadata_dir / '1.root.json'}" + (f" (copied to {trust / TUF_ROOT_FILE})" if trust else ""))
 
 
+def _check_repo_arg(repo: Path, release_dir: Path) -> None:
+    """Name the mistake when REPO is not a repository (e.g. the two arguments swapped)."""
+    from sealfl.platform.repo.repository import REPO_FILE
+
+    if (repo / REPO_FILE).is_file():
+        return
+    if (release_dir / REPO_FILE).is_file():
+        fail(f"the arguments are swapped: {release_dir} is the repository and {repo} is not; REPO comes first, "
+             f"RELEASE_DIR second: sealfl repo publish {release_dir} {repo} --trust TRUST")
+    fail(f"{repo} is not a sealfl repository (no {REPO_FILE}); the first argument is the repository ('sealfl repo "
+         "init' creates one), the second the release directory")
+
+
 @app.command("publish")
 def publish(
     repo: Path = _Repo,
@@ -77,6 +90,7 @@ def publish(
     from sealfl.enclave.device.verify import verify_dir
     from sealfl.platform.repo.repository import Repository
 
+    _check_repo_arg(repo, release_dir)
     try:
         v = verify_dir(trust, release_dir)
         deltas = []

@@ -68,11 +68,13 @@ from sealfl.platform.repo.keys import (
     write_root_keys,
 )
 
-__all__ = ["REPO_SCHEMA", "DEFAULT_EXPIRY_DAYS", "ROLES", "Repository", "PublishedRelease"]
+__all__ = ["REPO_FILE", "REPO_SCHEMA", "DEFAULT_EXPIRY_DAYS", "ROLES", "Repository", "PublishedRelease"]
 
 log = logging.getLogger(__name__)
 
 REPO_SCHEMA = "sealfl.tuf-repo/v1"
+#: the file that makes a directory a repository
+REPO_FILE = "repo.json"
 ROLES = ("root", "targets", "snapshot", "timestamp")
 #: days each role's metadata stays valid after it is signed
 DEFAULT_EXPIRY_DAYS = {"root": 365, "targets": 90, "snapshot": 7, "timestamp": 1}
@@ -130,7 +132,7 @@ class Repository:
         root_signers = [new_signer() for _ in range(ROOT_KEYS)]
         write_root_keys(Path(offline_dir), root_signers)
         ensure_private_dir(repo.dir)
-        atomic_write(repo.dir / "repo.json", json.dumps({"schema": REPO_SCHEMA, "expiry_days": days}, indent=1,
+        atomic_write(repo.dir / REPO_FILE, json.dumps({"schema": REPO_SCHEMA, "expiry_days": days}, indent=1,
                                                         sort_keys=True).encode() + b"\n", 0o644)
         online = {role: new_signer() for role in ONLINE_ROLES}
         for role, s in online.items():
@@ -157,7 +159,7 @@ class Repository:
     def expiry_days(self) -> dict[str, int]:
         """The per-role expiry of ``repo.json``."""
         try:
-            doc = json.loads((self.dir / "repo.json").read_bytes())
+            doc = json.loads((self.dir / REPO_FILE).read_bytes())
         except FileNotFoundError:
             raise RepoError(f"{self.dir} is not a sealfl repository (no repo.json); create one with "
                             "'sealfl repo init'") from None
