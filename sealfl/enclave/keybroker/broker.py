@@ -116,6 +116,13 @@ class KeyBroker:
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # client -> (tokens, at)
         self._lock = threading.Lock()  # the server calls from a thread pool
 
+    def reconfigure(self, policy: AttestationPolicy, keys: Mapping[str, bytes]) -> None:
+        """Replace the policy and the release keys (a re-read configuration); issued
+        challenges and the registered AKs stay."""
+        with self._lock:
+            self.policy = policy
+            self._keys = dict(keys)
+
     @staticmethod
     def _key(nonce_hex: str) -> bytes:
         return hashlib.sha256(nonce_hex.encode("ascii", "replace")).digest()

@@ -11,7 +11,10 @@ checks: :mod:`sealfl.enclave.keybroker.broker`.
 
 Configuration files (:func:`load_broker`): the policy (``sealfl attest policy``), one or more
 device AK public keys (PEM), and the keys file ``{"<release root hex>": "<base64 32-byte
-key>"}`` (mode 0600; refused if group/other-readable).
+key>"}`` (mode 0600; refused if group/other-readable). The policy and the keys file are
+re-read when they change (:class:`ConfigWatcher`, checked before each key request), so a
+release registered by ``sealfl repo publish --encrypt-at-rest`` is served without a restart;
+a changed file that does not load is logged and the previous configuration kept.
 """
 
 from __future__ import annotations
@@ -33,26 +36,13 @@ from sealfl.common.fsutil import check_private_file
 from sealfl.enclave.errors import KeyBrokerError, KeyRequestRefused
 from sealfl.enclave.keybroker.broker import ChallengeLimits, KeyBroker
 
-__all__ = ["MAX_BODY", "create_app", "load_broker"]
+__all__ = ["MAX_BODY", "ConfigWatcher", "create_app", "load_broker"]
 
 log = logging.getLogger(__name__)
 MAX_BODY = 1024 * 1024
 
 
-def load_broker(policy: Path, aks: list[Path], keys: Path, *, nonce_ttl_s: float = 60.0,
-                limits: ChallengeLimits | None = None) -> KeyBroker:
-    """Build a :class:`KeyBroker` from its files (see module docstring).
-
-    Raises:
-        KeyBrokerError: a file is unreadable or malformed (the message names it), or the
-            keys file is not private.
-    """
-    ak_keys = []
-    for p in aks:
-        try:
-            ak_keys += load_public_keys(Path(p).read_bytes())
-        except (OSError, AttestationError) as exc:
-            raise KeyBrokerError(f"--ak {p}: {exc}") from exc
+def _load_config(policy: Path, keys: Path):
     try:
         pol = parse_policy(loads_strict(Path(policy).read_bytes()), str(policy))
         if not check_private_file(keys):
@@ -72,11 +62,61 @@ def load_broker(policy: Path, aks: list[Path], keys: Path, *, nonce_ttl_s: float
         if len(key) != 32:
             raise fields.fail(root, "is not a 32-byte AES-256 key")
         table[root] = key
+    return pol, table
+
+
+class ConfigWatcher:
+    """Re-reads the policy and keys files into ``broker`` when either changed (inode, size,
+    mtime); call it before each key request."""
+
+    def __init__(self, broker: KeyBroker, policy: Path, keys: Path) -> None:
+        self.broker, self.policy, self.keys = broker, Path(policy), Path(keys)
+        self._seen = self._stamp()
+
+    def _stamp(self) -> tuple:
+        out = []
+        for p in (self.policy, self.keys):
+            try:
+                st = p.stat()
+                out.append((st.st_ino, st.st_size, st.st_mtime_ns))
+            except OSError:
+                out.append(None)
+        return tuple(out)
+
+    def __call__(self) -> None:
+        stamp = self._stamp()
+        if stamp == self._seen:
+            return
+        try:
+            policy, keys = _load_config(self.policy, self.keys)
+        except KeyBrokerError as exc:
+            log.warning("the changed key broker configuration does not load, keeping the previous one: %s", exc)
+            return
+        self._seen = stamp
+        self.broker.reconfigure(policy, keys)
+        log.info("key broker configuration re-read: %d release key(s)", len(keys))
+
+
+def load_broker(policy: Path, aks: list[Path], keys: Path, *, nonce_ttl_s: float = 60.0,
+                limits: ChallengeLimits | None = None) -> KeyBroker:
+    """Build a :class:`KeyBroker` from its files (see module docstring).
+
+    Raises:
+        KeyBrokerError: a file is unreadable or malformed (the message names it), or the
+            keys file is not private.
+    """
+    ak_keys = []
+    for p in aks:
+        try:
+            ak_keys += load_public_keys(Path(p).read_bytes())
+        except (OSError, AttestationError) as exc:
+            raise KeyBrokerError(f"--ak {p}: {exc}") from exc
+    pol, table = _load_config(policy, keys)
     return KeyBroker(pol, ak_keys, table, nonce_ttl_s=nonce_ttl_s, limits=limits)
 
 
-def create_app(broker: KeyBroker) -> FastAPI:
-    """The FastAPI app around ``broker``."""
+def create_app(broker: KeyBroker, watch: ConfigWatcher | None = None) -> FastAPI:
+    """The FastAPI app around ``broker``; ``watch`` (if given) runs before each key request."""
     app = FastAPI(title="sealfl key broker", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.post("/challenge")
@@ -100,6 +140,8 @@ def create_app(broker: KeyBroker) -> FastAPI:
             doc = loads_strict(body)
         except JSONFormatError as exc:
             return JSONResponse({"error": f"request body is not strict JSON: {exc}", "check": "request"}, 400)
+        if watch is not None:
+            watch()
         try:
             return JSONResponse(broker.release_key(doc))
         except KeyRequestRefused as exc:

@@ -42,7 +42,9 @@ def _read_json(path: Path, what: str):
 @app.command("policy")
 def policy(
     trust: TrustDir,
-    release: list[Path] = typer.Option(..., "--release", "-r", help="An approved release directory (repeat)."),
+    release: Optional[list[Path]] = typer.Option(None, "--release", "-r", help="An approved release directory "
+                                                 "(repeat; none: 'sealfl repo publish --encrypt-at-rest "
+                                                 "--kbs-policy' adds each release it publishes)."),
     tee: list[str] = typer.Option(["tpm"], "--tee", help="Allowed TEE backend (repeat)."),
     out: Path = typer.Option(..., "--out", "-o", help="Policy file to write."),
 ) -> None:
@@ -58,7 +60,7 @@ def policy(
 
     try:
         anchors = load_trust_anchors(trust)
-        roots = sorted({load_release(r, anchors).root_digest for r in release})
+        roots = sorted({load_release(r, anchors).root_digest for r in release or ()})
         doc = {"schema": POLICY_SCHEMA, "backends": sorted(set(tee)),
                "runtime_code": [measure_device_runtime().hex()], "config": [measure_config(trust).hex()],
                "release_root": roots}
@@ -124,7 +126,7 @@ def kbs_serve(
     import uvicorn
 
     from sealfl.enclave.keybroker.broker import ChallengeLimits
-    from sealfl.enclave.keybroker.server import create_app, load_broker
+    from sealfl.enclave.keybroker.server import ConfigWatcher, create_app, load_broker
 
     try:
         limits = ChallengeLimits(ttl_s=nonce_ttl, per_client=per_client, total=total, rate_per_s=rate, burst=burst)
@@ -146,5 +148,5 @@ def kbs_serve(
     scheme = "https" if tls_cert is not None else "http"
     err.print(f"key broker on {scheme}://{host}:{port} ({len(ak)} AK file(s))")
     tls = {"ssl_certfile": str(tls_cert), "ssl_keyfile": str(tls_key)} if tls_cert is not None else {}
-    uvicorn.run(create_app(broker), host=host, port=port, log_level="warning",
+    uvicorn.run(create_app(broker, ConfigWatcher(broker, policy, keys)), host=host, port=port, log_level="warning",
                 proxy_headers=forwarded_allow_ips is not None, forwarded_allow_ips=forwarded_allow_ips or "", **tls)

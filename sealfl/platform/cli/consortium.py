@@ -47,6 +47,7 @@ def create(
     from sealfl.he.codecs import params_for
     from sealfl.platform.consortium import create_consortium
     from sealfl.platform.release import provision_release_enclave, trust_dir
+    from sealfl.platform.repo.keys import make_authority_root_keys
 
     if tee not in ("sim", "tpm"):
         fail(f"--tee must be 'sim' or 'tpm', got {tee[:40]!r}")
@@ -76,6 +77,7 @@ def create(
         cons, codec = create_consortium(directory, name, named + [k for k in keys if k not in named], task=task,
                                         params=params_for(he), superlink_hosts=superlink_host, public_keys=keys)
         provision_release_enclave(cons, codec.secret_context_bytes(), backend=tee)
+        tuf_root = make_authority_root_keys(directory)
     except SealflError as exc:
         fail(str(exc))
     except OSError as exc:
@@ -83,4 +85,5 @@ def create(
              f"{' (' + str(exc.filename) + ')' if exc.filename else ''}; choose a directory you can write")
     console.print(f"consortium [bold]{name}[/] in {directory}: partners {', '.join(cons.partners)}; "
                   f"device trust anchors in {trust_dir(cons)}; startup kits: {directory / 'superlink'}, "
-                  f"{directory / 'aggregator'}, {directory / 'partners'}/<name> (each with a README)")
+                  f"{directory / 'aggregator'}, {directory / 'partners'}/<name> (each with a README); TUF root keys "
+                  f"in {tuf_root} ('sealfl repo init REPO -c {directory}'; keep the authority directory offline)")

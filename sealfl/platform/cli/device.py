@@ -380,6 +380,7 @@ def update(
     tee: Tee = None,
     no_delta: bool = typer.Option(False, "--no-delta", help="Download the full release even when the repository "
                                   "has a signed delta from the running one."),
+    key_broker: KeyBroker = None,
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
 ) -> None:
     """Fetch the newest release from a TUF repository (python-tuf's client: signatures,
@@ -399,8 +400,11 @@ def update(
 
     limits = dataclasses.replace(DEFAULT_LIMITS, socket_timeout_s=timeout, download_deadline_s=deadline)
     try:
+        from sealfl.enclave.device.kbs_client import broker_key_source
+
         res = run_update(trust, repo, state, name=name, backend=_check_tee(tee), limits=limits,
-                         on_refused=lambda exc: _say(f"refused: {exc}"), prefer_delta=not no_delta)
+                         on_refused=lambda exc: _say(f"refused: {exc}"), prefer_delta=not no_delta,
+                         key_source=broker_key_source(key_broker) if key_broker else None)
     except UpdateError as exc:
         from sealfl.enclave.device.boot import read_device_state
 

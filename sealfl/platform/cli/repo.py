@@ -38,19 +38,34 @@ def _expiry(values: Optional[list[str]]) -> dict[str, int]:
 @app.command("init")
 def init(
     repo: Path = _Repo,
-    offline_keys: Path = _Offline,
+    offline_keys: Optional[Path] = typer.Option(None, "--offline-keys", help="New directory for the three offline "
+                                                "root keys (root-*.pem, mode 0600; never commit it, keep it off the "
+                                                "repository host). Not with --consortium."),
+    consortium: Optional[Path] = typer.Option(None, "--consortium", "-c", help="Use the root keys 'consortium "
+                                              "create' made in CONSORTIUM/authority/tuf-root (instead of "
+                                              "--offline-keys)."),
     expiry: Optional[list[str]] = typer.Option(None, "--expiry", help="ROLE=DAYS (repeat): how long each role's "
                                                "metadata stays valid (default root=365 targets=90 snapshot=7 "
                                                "timestamp=1)."),
     trust: Optional[Path] = typer.Option(None, "--trust", "-t", help="Also copy the TUF root into this trust "
                                          f"directory as {TUF_ROOT_FILE} (what devices are provisioned with)."),
 ) -> None:
-    """Create a TUF repository: three root keys (threshold 2) into --offline-keys, online
-    timestamp, snapshot and targets keys in REPO/keys, version 1 of every role."""
+    """Create a TUF repository: three root keys (threshold 2) -- made into --offline-keys, or
+    those 'consortium create' made (--consortium) -- online timestamp, snapshot and targets
+    keys in REPO/keys, version 1 of every role."""
+    from sealfl.platform.repo.keys import authority_root_keys_dir
     from sealfl.platform.repo.repository import Repository
 
+    if (offline_keys is None) == (consortium is None):
+        fail("give --offline-keys DIR (new root keys are made there) or --consortium DIR (its "
+             "authority/tuf-root keys are used), not both")
+    if consortium is not None:
+        offline_keys = authority_root_keys_dir(consortium)
+        if not offline_keys.is_dir() or not any(offline_keys.glob("root-*.pem")):
+            fail(f"{consortium} holds no TUF root keys ({offline_keys}); it was created before 'consortium create' "
+                 "made them: give --offline-keys DIR to make new ones")
     try:
-        r = Repository.init(repo, offline_keys, _expiry(expiry))
+        r = Repository.init(repo, offline_keys, _expiry(expiry), use_existing_keys=consortium is not None)
         if trust is not None:
             trust.mkdir(parents=True, exist_ok=True)
             (trust / TUF_ROOT_FILE).write_bytes(r.root_bytes(1))
@@ -81,6 +96,15 @@ def publish(
     delta: Optional[list[Path]] = typer.Option(None, "--delta", help="A signed delta to this release ('sealfl "
                                                "release delta' output; repeatable): published beside it, devices "
                                                "running its base fetch the patch instead."),
+    encrypt_at_rest: bool = typer.Option(False, "--encrypt-at-rest", help="Publish the release re-signed by the "
+                                         "release enclave (--consortium) with its model encrypted at rest, and "
+                                         "register its key at the key broker (--kbs-keys, --kbs-policy)."),
+    consortium: Optional[Path] = typer.Option(None, "--consortium", "-c", help="--encrypt-at-rest: the consortium "
+                                              "directory whose release enclave signs the encrypted release."),
+    kbs_keys: Optional[Path] = typer.Option(None, "--kbs-keys", help="--encrypt-at-rest: the key broker's keys "
+                                            "file ('sealfl kbs serve --keys'; created 0600 if absent)."),
+    kbs_policy: Optional[Path] = typer.Option(None, "--kbs-policy", help="--encrypt-at-rest: the key broker's "
+                                              "policy ('sealfl kbs serve --policy'): the release's root is added."),
 ) -> None:
     """Verify a release against the trust directory devices pin, then publish its files as
     TUF targets (releases/NAME/VERSION/FILE) and re-sign targets, snapshot and timestamp.
@@ -91,6 +115,16 @@ def publish(
     from sealfl.platform.repo.repository import Repository
 
     _check_repo_arg(repo, release_dir)
+    if encrypt_at_rest:
+        if delta:
+            fail("--delta cannot be combined with --encrypt-at-rest (a delta is made between published releases)")
+        if consortium is None or kbs_keys is None:
+            fail("--encrypt-at-rest needs --consortium DIR (its release enclave signs the encrypted release) and "
+                 "--kbs-keys FILE (the key broker's keys file)")
+        _publish_at_rest(repo, release_dir, trust, consortium, kbs_keys, kbs_policy)
+        return
+    if consortium is not None or kbs_keys is not None or kbs_policy is not None:
+        fail("--consortium, --kbs-keys and --kbs-policy go with --encrypt-at-rest")
     try:
         v = verify_dir(trust, release_dir)
         deltas = []
@@ -110,6 +144,35 @@ def publish(
                           f"targets v{pub.targets_version}")
     except (SealflError, OSError) as exc:
         fail(str(exc))
+
+
+def _publish_at_rest(repo: Path, release_dir: Path, trust: Path, consortium: Path, kbs_keys: Path,
+                     kbs_policy: Optional[Path]) -> None:
+    import shutil
+    import tempfile
+
+    from sealfl.enclave.release.enclave import ReleaseEnclave
+    from sealfl.platform.consortium import Consortium
+    from sealfl.platform.release import enclave_dir
+    from sealfl.platform.repo.at_rest import encrypt_release, register_key
+    from sealfl.platform.repo.repository import Repository
+
+    r = Repository(repo)
+    staging = Path(tempfile.mkdtemp(prefix=".at-rest-", dir=repo))
+    try:
+        enclave = ReleaseEnclave.open(enclave_dir(Consortium.load(consortium)))
+        v, key = encrypt_release(enclave, trust, release_dir, staging / "release")
+        if any(x.name == v.name and x.version == v.version for x in r.releases()):
+            fail(f"{v.name} v{v.version} is published already; a release version is published once")
+        register_key(kbs_keys, v.root_digest, key, kbs_policy)
+        pub = r.publish(v.files(), v.name, v.version, v.root_digest)
+    except (SealflError, OSError) as exc:
+        fail(str(exc))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    console.print(f"published {v.name} v{v.version} encrypted at rest ({len(pub.targets)} files; root digest "
+                  f"{v.root_digest}) as targets v{pub.targets_version}; its key is registered in {kbs_keys}"
+                  + (f" and its root in {kbs_policy}" if kbs_policy else ""))
 
 
 @app.command("refresh")

@@ -3,7 +3,9 @@ private PEM files (mode 0600, directories 0700).
 
 * the **offline** root keys (:data:`ROOT_KEYS` of them, threshold :data:`ROOT_THRESHOLD`)
   live in a directory of their own, ``root-<keyid16>.pem``, meant to be moved off the
-  coordinator's machine after set-up (never committed);
+  coordinator's machine after set-up (never committed); ``consortium create`` makes them
+  into ``CONSORTIUM/authority/tuf-root/`` (:func:`make_authority_root_keys`) and ``repo init
+  -c CONSORTIUM`` uses them;
 * the **online** keys of timestamp, snapshot and targets live in ``REPO/keys/<role>.pem``.
 
 A key file is loaded only if it is a private regular file (group and others have no
@@ -21,10 +23,13 @@ from sealfl.common.fsutil import atomic_write, check_private_file, ensure_privat
 from sealfl.platform.errors import PlatformError
 
 __all__ = ["ROOT_KEYS", "ROOT_THRESHOLD", "ONLINE_ROLES", "RepoError", "new_signer", "write_key", "read_key",
-           "write_root_keys", "read_root_keys"]
+           "write_root_keys", "read_root_keys", "AUTHORITY_ROOT_DIR", "authority_root_keys_dir",
+           "make_authority_root_keys"]
 
 ROOT_KEYS = 3
 ROOT_THRESHOLD = 2
+#: the TUF root keys' directory inside a consortium's ``authority/``
+AUTHORITY_ROOT_DIR = "tuf-root"
 ONLINE_ROLES = ("timestamp", "snapshot", "targets")
 _MAX_KEY_BYTES = 16 << 10
 
@@ -81,6 +86,24 @@ def write_root_keys(directory: Path, signers: list[CryptoSigner]) -> None:
     ensure_private_dir(directory)
     for s in signers:
         write_key(directory / f"root-{s.public_key.keyid[:16]}.pem", s)
+
+
+def authority_root_keys_dir(consortium_dir: str | Path) -> Path:
+    """Where ``consortium create`` keeps the TUF root keys: ``CONSORTIUM/authority/tuf-root``
+    (beside the consortium CA's key; move the whole authority directory offline)."""
+    return Path(consortium_dir) / "authority" / AUTHORITY_ROOT_DIR
+
+
+def make_authority_root_keys(consortium_dir: str | Path) -> Path:
+    """Make the :data:`ROOT_KEYS` TUF root keys into :func:`authority_root_keys_dir` (0700,
+    keys 0600) and return that directory.
+
+    Raises:
+        RepoError: it already holds root keys (never overwritten).
+    """
+    out = authority_root_keys_dir(consortium_dir)
+    write_root_keys(out, [new_signer() for _ in range(ROOT_KEYS)])
+    return out
 
 
 def read_root_keys(directory: Path) -> dict[str, CryptoSigner]:

@@ -107,13 +107,18 @@ class Repository:
     # ---- set-up -------------------------------------------------------------------------
     @classmethod
     def init(cls, directory: str | Path, offline_dir: str | Path,
-             expiry_days: dict[str, int] | None = None) -> "Repository":
+             expiry_days: dict[str, int] | None = None, *, use_existing_keys: bool = False) -> "Repository":
         """Create a repository: 3 root keys into ``offline_dir``, the online keys, version 1
         of every role (no targets yet but an empty index).
 
+        Args:
+            use_existing_keys: take the :data:`~.keys.ROOT_KEYS` root keys ``offline_dir``
+                holds already (made at ``consortium create``, :func:`~.keys.make_authority_root_keys`)
+                instead of making new ones.
+
         Raises:
-            RepoError: ``directory`` is not empty, ``offline_dir`` holds root keys, or an
-                expiry is not 1..3650 days.
+            RepoError: ``directory`` is not empty, ``offline_dir`` holds root keys (or, with
+                ``use_existing_keys``, not exactly three), or an expiry is not 1..3650 days.
         """
         repo = cls(directory)
         days = dict(DEFAULT_EXPIRY_DAYS)
@@ -129,8 +134,13 @@ class Repository:
         if offline == repo.dir.resolve() or repo.dir.resolve() in offline.parents:
             raise RepoError("the offline keys directory must lie outside the repository (the repository is served "
                             "and copied; root keys stay offline)")
-        root_signers = [new_signer() for _ in range(ROOT_KEYS)]
-        write_root_keys(Path(offline_dir), root_signers)
+        if use_existing_keys:
+            root_signers = list(read_root_keys(Path(offline_dir)).values())
+            if len(root_signers) != ROOT_KEYS:
+                raise RepoError(f"{offline_dir} holds {len(root_signers)} root keys, not {ROOT_KEYS}")
+        else:
+            root_signers = [new_signer() for _ in range(ROOT_KEYS)]
+            write_root_keys(Path(offline_dir), root_signers)
         ensure_private_dir(repo.dir)
         atomic_write(repo.dir / REPO_FILE, json.dumps({"schema": REPO_SCHEMA, "expiry_days": days}, indent=1,
                                                         sort_keys=True).encode() + b"\n", 0o644)
