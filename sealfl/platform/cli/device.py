@@ -16,8 +16,8 @@ from typing import Annotated, Optional
 import typer
 
 from sealfl.common.errors import Interrupted, SealflError
-from sealfl.platform.cli.options import BootRelease, KeyBroker, StateDir, Tee, TrustDir, Variant
-from sealfl.platform.cli.output import command_group, console, emit_json, err, fail, json_mode, stopped
+from sealfl.platform.cli.options import BootRelease, KeyBroker, StateDir, Tee, TrustDir, Variant, check_tee
+from sealfl.platform.cli.output import command_group, console, emit_json, err, fail, json_mode, say, stopped
 
 __all__ = ["app", "verify_app"]
 
@@ -25,18 +25,6 @@ app = command_group("device")
 verify_app = typer.Typer(name="verify", add_completion=False)
 
 _MAX_NONCE_BYTES = 64
-
-
-def _say(message: str) -> None:
-    err.print(message, soft_wrap=True, markup=False, highlight=False)
-
-
-def _check_tee(tee: str | None) -> str | None:
-    from sealfl.enclave.tee.backends import BACKENDS
-
-    if tee is not None and tee not in BACKENDS:
-        fail(f"--tee must be one of {', '.join(BACKENDS)}, got {tee[:40]!r}")
-    return tee
 
 
 def _boot(trust: Path, release_dir: Path, state: Path, *, tee: str | None = None, key_broker: str | None = None,
@@ -50,9 +38,9 @@ def _boot(trust: Path, release_dir: Path, state: Path, *, tee: str | None = None
 
     keys = broker_key_source(key_broker) if key_broker else None
     try:
-        outcome = boot_or_last_good(trust, release_dir, state, backend=_check_tee(tee), key_source=keys,
+        outcome = boot_or_last_good(trust, release_dir, state, backend=check_tee(tee), key_source=keys,
                                     variant=variant, require_llm=require_llm,
-                                    on_refused=lambda exc: _say(f"refused: {exc}"))
+                                    on_refused=lambda exc: say(f"refused: {exc}"))
     except NothingRuns as exc:
         fail(f"nothing runs: {exc}", exit_code_of(exc))
     except BootError as exc:
@@ -60,7 +48,7 @@ def _boot(trust: Path, release_dir: Path, state: Path, *, tee: str | None = None
     except (SealflError, OSError) as exc:
         fail(str(exc))
     if outcome.kept_last_good:
-        _say(f"kept the last good release v{outcome.device.release.version}")
+        say(f"kept the last good release v{outcome.device.release.version}")
     return outcome
 
 
@@ -239,14 +227,14 @@ def serve(
     from sealfl.enclave.errors import BootError
 
     opts = ServeOptions(host=host, port=port, max_concurrent=max_concurrent, variant=variant,
-                        port_file=port_file, threads=threads, backend=_check_tee(tee),
+                        port_file=port_file, threads=threads, backend=check_tee(tee),
                         queue_size=queue, queue_timeout_s=queue_timeout,
                         limits=dataclasses.replace(DEFAULT_LIMITS, max_body_bytes=max_body_bytes,
                                                    default_max_tokens=default_max_tokens),
                         key_source=broker_key_source(key_broker) if key_broker else None, repo=repo, poll_s=poll)
     _access_log_to(access_log)
     try:
-        run_server(trust, release_dir, state, opts, say=_say)
+        run_server(trust, release_dir, state, opts, say=say)
     except Interrupted as exc:
         stopped(exc)
     except BootError as exc:
@@ -273,7 +261,7 @@ def provision(
     nothing behind."""
     from sealfl.enclave.device.provision import provision as provision_tee
 
-    _check_tee(tee)
+    check_tee(tee)
     try:
         t = provision_tee(state, tee, force=force)
         if export_ak:
@@ -283,7 +271,7 @@ def provision(
     console.print(f"provisioned a {tee} TEE in {state / 'tee'}; AK keyid {t.ak_keyid()}"
                   + (f"; AK public key -> {export_ak}" if export_ak else f"; AK public key {state / 'tee' / 'ak.pem'}"))
     if t.insecure:
-        _say("warning: the sim TEE is an INSECURE simulation (keys in plain files): for tests and demos only")
+        say("warning: the sim TEE is an INSECURE simulation (keys in plain files): for tests and demos only")
 
 
 @app.command("doctor")
@@ -366,162 +354,9 @@ def verify(
     console.print(f"[green]OK[/] {v.name} v{v.version} root digest {v.root_digest}")
 
 
-@app.command("update")
-def update(
-    trust: TrustDir,
-    state: StateDir,
-    repo: str = typer.Option(..., "--repo", help="TUF repository URL ('sealfl repo serve' prints it)."),
-    name: Optional[str] = typer.Option(None, "--name", help="Release name to follow (default: the running "
-                                       "release's)."),
-    timeout: float = typer.Option(10.0, "--timeout", min=0.1, max=600.0, help="Connect and between-bytes timeout, "
-                                  "seconds."),
-    deadline: float = typer.Option(300.0, "--deadline", min=0.1, max=86400.0, help="Longest one file's download "
-                                   "may take, seconds (a stalling mirror is given up on)."),
-    tee: Tee = None,
-    no_delta: bool = typer.Option(False, "--no-delta", help="Download the full release even when the repository "
-                                  "has a signed delta from the running one."),
-    key_broker: KeyBroker = None,
-    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
-) -> None:
-    """Fetch the newest release from a TUF repository (python-tuf's client: signatures,
-    versions, expiry, lengths and hashes), verify it, run its canary and switch slots as
-    'device boot' does. A signed delta from the running release is used when the repository
-    has one (the result verified in full; any refusal falls back to the full release).
-    Exit 0 = the new release is installed or the device is up to date;
-    3 = refused (by the repository checks or on the device), the running release is kept;
-    2 = refused and nothing runs; 4 = the TEE state needs (re-)provisioning."""
-    import dataclasses
-    import json
+# 'device update', 'device status' and 'device tuf-client' live in their own module.
+from sealfl.platform.cli.device_update import status, tuf_client_app, update  # noqa: E402
 
-    from sealfl.enclave.device.policy import EXIT_KEPT_LAST_GOOD, EXIT_NOTHING_RUNS, exit_code_of
-    from sealfl.enclave.device.tuf_fetch import DEFAULT_LIMITS
-    from sealfl.enclave.device.update import update as run_update
-    from sealfl.enclave.errors import BootError, UpdateError
-
-    limits = dataclasses.replace(DEFAULT_LIMITS, socket_timeout_s=timeout, download_deadline_s=deadline)
-    try:
-        from sealfl.enclave.device.kbs_client import broker_key_source
-
-        res = run_update(trust, repo, state, name=name, backend=_check_tee(tee), limits=limits,
-                         on_refused=lambda exc: _say(f"refused: {exc}"), prefer_delta=not no_delta,
-                         key_source=broker_key_source(key_broker) if key_broker else None)
-    except UpdateError as exc:
-        from sealfl.enclave.device.boot import read_device_state
-
-        try:
-            runs = read_device_state(state).last_good is not None
-        except BootError:
-            runs = False
-        if as_json:
-            sys.stdout.write(json.dumps({"action": "refused", "stage": exc.stage, "message": str(exc)}) + "\n")
-        fail(f"update refused ({exc.stage}): {exc}", EXIT_KEPT_LAST_GOOD if runs else EXIT_NOTHING_RUNS)
-    except BootError as exc:
-        fail(f"nothing runs: {exc}" if exit_code_of(exc) == 2 else str(exc), exit_code_of(exc))
-    except (SealflError, OSError) as exc:
-        fail(str(exc))
-    if as_json:
-        sys.stdout.write(json.dumps({"action": res.action, "name": res.name, "version": res.version,
-                                     "root_digest": res.root_digest, "via": res.via,
-                                     "delta_refused": res.delta_refused}) + "\n")
-    elif res.action == "current":
-        console.print(f"up to date: {res.name} v{res.version} ({res.root_digest})")
-    elif res.action == "installed":
-        console.print(f"installed {res.name} v{res.version} ({res.root_digest}) from {repo}"
-                      + (" (from a signed delta)" if res.via == "delta" else ""))
-        if res.delta_refused:
-            _say(f"the repository's delta was refused ({res.delta_refused}); the full release was installed")
-    else:
-        _say(f"kept the last good release v{res.outcome.device.release.version}")
-    raise typer.Exit(res.exit_code)
-
-
-@app.command("status")
-def status(
-    state: StateDir,
-    as_json: bool = typer.Option(False, "--json", help="Print the status as one JSON object."),
-) -> None:
-    """Show the running release (name, version, root digest, where it came from), the TEE
-    backend, the rollback floor, the last update check and its result. Reads only."""
-    import json
-
-    from sealfl.enclave.device.status import device_status, format_status
-
-    if not state.is_dir():
-        what = "is not a directory" if state.exists() else "does not exist"
-        fail(f"the device state directory {state} {what}: this device has not been set up there. Provision it "
-             f"('sealfl device provision --state {state} --tee tpm'), then install a release ('sealfl device update "
-             f"--trust TRUST --state {state} --repo URL --name NAME' or 'sealfl device boot --trust TRUST --release "
-             f"DIR --state {state}'); or give the --state of an existing device")
-    try:
-        s = device_status(state)
-    except (SealflError, OSError) as exc:
-        fail(str(exc))
-    if as_json:
-        sys.stdout.write(json.dumps(s, indent=1, sort_keys=True) + "\n")
-    else:
-        for line in format_status(s):
-            console.print(line, markup=False, highlight=False)
-
-
-tuf_client_app = typer.Typer(name="tuf-client", no_args_is_help=True, add_completion=False, help=(
-    "The device's TUF client behind the tuf-conformance CLI (init / refresh / download; exit 0 or 1)."))
+app.command("update")(update)
+app.command("status")(status)
 app.add_typer(tuf_client_app)
-
-
-@tuf_client_app.callback()
-def tuf_client(
-    ctx: typer.Context,
-    metadata_dir: Path = typer.Option(..., "--metadata-dir", help="The client's trusted metadata directory."),
-    metadata_url: Optional[str] = typer.Option(None, "--metadata-url", help="The repository's metadata URL."),
-    target_name: Optional[list[str]] = typer.Option(None, "--target-name", help="Target path (repeat: in order)."),
-    target_base_url: Optional[str] = typer.Option(None, "--target-base-url", help="The repository's targets URL."),
-    target_dir: Optional[Path] = typer.Option(None, "--target-dir", help="Where downloaded targets are stored."),
-    verbose: int = typer.Option(0, "--verbose", "-v", count=True, help="More logging."),
-) -> None:
-    """The tuf-conformance client CLI (its CLIENT-CLI.md) over the updater 'device update' runs."""
-    import logging
-
-    if verbose:
-        logging.getLogger().setLevel(logging.INFO if verbose == 1 else logging.DEBUG)
-    ctx.obj = {"metadata_dir": metadata_dir, "metadata_url": metadata_url, "targets": target_name or [],
-               "target_base_url": target_base_url, "target_dir": target_dir}
-
-
-def _tuf_client_run(what: str, fn) -> None:
-    try:
-        fn()
-    except typer.Exit:
-        raise
-    except Exception as exc:  # the protocol: any failure is exit 1 with a message
-        fail(f"tuf-client {what}: {type(exc).__name__}: {exc}")
-
-
-@tuf_client_app.command("init")
-def tuf_client_init(ctx: typer.Context, trusted_root: Path = typer.Argument(..., help="Initial root.json.")) -> None:
-    """Install TRUSTED_ROOT as the trusted root (no network)."""
-    from sealfl.enclave.device import tuf_client as tc
-
-    _tuf_client_run("init", lambda: tc.init(ctx.obj["metadata_dir"], trusted_root))
-
-
-@tuf_client_app.command("refresh")
-def tuf_client_refresh(ctx: typer.Context) -> None:
-    """Refresh the top-level metadata (the TUF client workflow)."""
-    from sealfl.enclave.device import tuf_client as tc
-
-    o = ctx.obj
-    if not o["metadata_url"]:
-        fail("tuf-client refresh needs --metadata-url")
-    _tuf_client_run("refresh", lambda: tc.refresh(o["metadata_dir"], o["metadata_url"]))
-
-
-@tuf_client_app.command("download")
-def tuf_client_download(ctx: typer.Context) -> None:
-    """Download every --target-name in order (after a refresh); stop at the first failure."""
-    from sealfl.enclave.device import tuf_client as tc
-
-    o = ctx.obj
-    if not (o["metadata_url"] and o["targets"] and o["target_base_url"] and o["target_dir"]):
-        fail("tuf-client download needs --metadata-url, --target-name, --target-base-url and --target-dir")
-    _tuf_client_run("download", lambda: tc.download(o["metadata_dir"], o["metadata_url"], o["targets"],
-                                                    o["target_base_url"], o["target_dir"]))

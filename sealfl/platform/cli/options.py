@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 
-__all__ = ["TrustDir", "StateDir", "ReleaseDir", "BootRelease", "ConsortiumDir", "RayAddress", "Superlink", "Variant", "KeyBroker", "Tee"]
+__all__ = ["TrustDir", "StateDir", "ReleaseDir", "BootRelease", "ConsortiumDir", "RayAddress", "Superlink", "Variant", "KeyBroker", "Tee", "check_tee"]
 
 TrustDir = Annotated[Path, typer.Option("--trust", "-t", help="Pinned trust anchors directory.")]
 StateDir = Annotated[Path, typer.Option("--state", "-s", help="Device state directory (TEE, slots, last good "
@@ -34,3 +34,15 @@ Tee = Annotated[Optional[str], typer.Option(
     "--tee", help="TEE the device must run on: 'tpm' (TPM 2.0) or 'sim' (an INSECURE simulation for tests and "
     "demos). Default: the one 'sealfl device provision' set up. A fresh state is provisioned by itself only with "
     "--tee sim; a device never falls back to the simulation on its own.")]
+
+
+def check_tee(tee: str | None) -> str | None:
+    """The ``--tee`` value checked against the registered TEE backends (None = the state's own).
+
+    Exits through :func:`~sealfl.platform.cli.output.fail` (exit 1) naming the backends on any other value."""
+    from sealfl.enclave.tee.backends import BACKENDS
+    from sealfl.platform.cli.output import fail
+
+    if tee is not None and tee not in BACKENDS:
+        fail(f"--tee must be one of {', '.join(BACKENDS)}, got {tee[:40]!r}")
+    return tee

@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from sealfl.common.errors import Interrupted
 
-__all__ = ["console", "err", "VERBOSE", "setup_logging", "fail", "stopped", "command_group"]
+__all__ = ["console", "err", "VERBOSE", "setup_logging", "say", "fail", "stopped", "command_group"]
 
 # rich assumes 80 columns when output is not a terminal (CI logs, pipes): too narrow for
 # the demo table and long paths, so use 120 there
@@ -49,6 +49,11 @@ def emit_json(doc: dict) -> None:
     import json
 
     typer.echo(json.dumps(doc, ensure_ascii=False, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
+
+
+def say(message: str) -> None:
+    """Print one plain line on stderr (no markup, no highlighting: text from elsewhere stays as it is)."""
+    err.print(message, soft_wrap=True, markup=False, highlight=False)
 
 
 def fail(msg: str, code: int = 1) -> NoReturn:
