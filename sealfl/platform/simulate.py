@@ -171,6 +171,57 @@ def _session_pids() -> list[int]:
     return run_members(os.environ.get("SEALFL_RUN_TOKEN", "-"), os.getsid(0))
 
 
+#: Ray 2.55 gives a new node's raylet a fixed 30 s to register with the GCS
+#: (``raylet_start_wait_time_s = 30`` in ``ray/_private/node.py``, not configurable) and
+#: then raises this; on a host whose cores are all busy it is missed now and then
+#: (seen here at load 25 on 2 cores).
+RAY_START_TIMEOUT_TEXT = "timed out during startup"
+RAY_START_ATTEMPTS = 3
+
+
+def is_ray_start_timeout(exc: BaseException) -> bool:
+    """Whether ``exc`` is Ray's "node timed out during startup" (a busy host), not a
+    configuration error: only that one is worth another attempt. Pure."""
+    return type(exc) is Exception and RAY_START_TIMEOUT_TEXT in str(exc)
+
+
+def init_local_ray(init, shutdown, attempts: int = RAY_START_ATTEMPTS, members=None, kill=None) -> None:
+    """Call ``init()`` (a ``ray.init`` starting a local node) up to ``attempts`` times while
+    it fails with Ray's start-up timeout (:func:`is_ray_start_timeout`); before each new
+    attempt ``shutdown()`` runs and the processes the failed attempt started in this run
+    (``members()``: this run's pids, default :func:`_session_pids`) are killed by pid.
+
+    Raises:
+        SimulationError: still timing out after ``attempts`` (the host is too busy),
+            saying so; any other exception of ``init`` passes through unchanged.
+    """
+    members = members or _session_pids
+    kill = kill or _kill_pids
+    for attempt in range(1, attempts + 1):
+        before = set(members())
+        try:
+            init()
+            return
+        except Exception as exc:
+            if not is_ray_start_timeout(exc):
+                raise
+            shutdown()
+            kill(sorted(set(members()) - before - {os.getpid()}))
+            if attempt == attempts:
+                raise SimulationError(f"Ray's node did not register within its fixed 30 s in {attempts} attempts "
+                                      "(the host's cores are busy): try again when the machine is less loaded") from exc
+            log.warning("Ray's node missed its 30 s start-up deadline (a busy host); starting it again (%d of %d)",
+                        attempt + 1, attempts)
+
+
+def _kill_pids(pids: list[int]) -> None:
+    import signal
+
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def start_ray(plan: dict, temp_dir: str | None) -> dict:
     """Start the embedded Ray or attach to ``plan["address"]``; check and describe its
     protection. Returns ``{"gcs_address", "started_here", "mode", "auth", "loopback_only"}``.
@@ -198,7 +249,8 @@ def start_ray(plan: dict, temp_dir: str | None) -> dict:
     if os.environ.get(ENV_LOOPBACK) != "0" or os.environ.get("RAY_AUTH_MODE") != "token":
         raise SimulationError("the embedded Ray must be started by the supervisor (loopback + token environment)")
     kw = {"_temp_dir": temp_dir} if temp_dir else {}
-    ray.init(address="local", include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING, **kw)
+    init_local_ray(lambda: ray.init(address="local", include_dashboard=False, log_to_driver=False,
+                                    logging_level=logging.WARNING, **kw), ray.shutdown)
     gcs = ray.get_runtime_context().gcs_address
     exposed = non_loopback(listening_sockets(_session_pids()))
     auth = probe_auth(gcs)
