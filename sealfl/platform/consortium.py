@@ -43,6 +43,7 @@ from sealfl.common.fields import Fields
 from sealfl.common.fsutil import atomic_write, read_capped
 from sealfl.he import codecs
 from sealfl.he.errors import CiphertextError
+from sealfl.he.framed import PACK_PARTNERS
 from sealfl.he.kit_wrap import wrap
 from sealfl.platform.errors import ConsortiumError
 
@@ -207,6 +208,10 @@ def create_consortium(d: str | Path, name: str, partners: list[str], *, params: 
         raise ConsortiumError(f"the {task} task has data for {the_task.partners_doc} {', '.join(the_task.partners)} "
                               f"only; unknown partner(s): {', '.join(unknown)} (a partner with its own data "
                               "joins with --partner-key NAME=PUB.pem)")
+    layout = getattr(params, "update_layout", None)
+    if layout is not None and layout.stochastic and len(partners) > PACK_PARTNERS:
+        raise ConsortiumError(f"a {layout.bits}-bit packing has room for the rounding of {PACK_PARTNERS} partners, "
+                              f"not {len(partners)}: leave --pack-bits at its default 27")
     t0 = time.perf_counter()
     codec = codecs.generate(params)
     secret = codec.secret_context_bytes()

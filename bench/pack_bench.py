@@ -1,0 +1,151 @@
+"""Benchmark: bytes per update and final held-out perplexity of the causal-LM LoRA campaign
+for each packed-BFV width (``consortium create --pack-bits``, :func:`sealfl.he.framed.packed_layout`).
+
+Bytes: one partner's update of 460,800 values (the LoRA size of the ``causal-lm`` task),
+encrypted at each width; ``bytes / (4 * 460,800)`` is the expansion over fp32 (``P1.*``).
+
+Perplexity: the LoRA campaign of ``make llm-demo`` (4 partners, the demo's local steps,
+batch, learning rate, block length and held-out blocks; ``--rounds`` rounds, the same
+partner seeds ``1000 * round + index`` as the ClientApp) run in this process for each
+width, with the codec arithmetic of a real round: every partner trains from the decrypted
+global adapters, encrypts ``(n_i / N) w_i`` (:func:`sealfl.he.decrypted.update_share`, the
+width's clip), the aggregator parses and checks each frame and adds it
+(:class:`sealfl.server.aggregate.RunningSum`), and the sum is decrypted and opened
+(:func:`sealfl.he.decrypted.open_model`) as a key holder does. What is left out is Flower
+and Ray (transport and scheduling), which do not touch a value. The stochastic rounding
+of the narrow widths is seeded per partner (ChaCha20, ``seeded_rng``) so a run repeats.
+Final perplexity = ``exp(Σ NLL / Σ positions)`` over all partners' held-out blocks.
+
+``P1.narrowest`` is the bytes ratio of the narrowest width whose final perplexity is within
+1 % of the 27-bit campaign's, ``P1.narrowest_ppl_ratio`` its perplexity over the 27-bit one.
+
+Run: ``.venv/bin/python bench/pack_bench.py [--packings 27,13,10:1,10] [--rounds 3]``
+(``BITS[:RANGE]``, range ±8 unless given). Writes ``bench/results/pack.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+OUT = Path(__file__).parent / "results" / "pack.json"
+LORA_VALUES = 460_800
+#: the perplexity bound of issue 24 (final held-out perplexity within 1 % of the 27-bit campaign's)
+PPL_BOUND = 1.01
+
+
+def parse_packing(spec: str) -> tuple[int, int]:
+    """``"13"`` -> (13, 8); ``"10:1"`` -> (10, 1): a width and its range ``±R``."""
+    bits, _, rng = spec.partition(":")
+    return int(bits), int(rng or 8)
+
+
+def label(bits: int, value_range: int) -> str:
+    """``"13"`` for range 8 (the default), else ``"10:1"``."""
+    return str(bits) if value_range == 8 else f"{bits}:{value_range}"
+
+
+def update_bytes(bits: int, value_range: int = 8, length: int = LORA_VALUES, seed: int = 0) -> dict:
+    """One partner's encrypted update of ``length`` LoRA-like values (uniform ±0.04, the
+    adapters' initial scale) at ``bits`` / ``±value_range``: frame bytes, bytes / fp32 bytes,
+    encryption seconds."""
+    from sealfl.he.bfv import BFVCodec, BFVParams
+    from sealfl.he.dp import seeded_rng
+
+    codec = BFVCodec.generate(BFVParams(pack_bits=bits, pack_range=value_range))
+    v = np.random.default_rng(seed).uniform(-0.04, 0.04, length)
+    t0 = time.perf_counter()
+    blob = codec.encrypt(v, rng=seeded_rng(seed))
+    return {"bits": bits, "range": value_range, "step": 2.0**-codec.params.update_layout.frac_bits,
+            "values_per_slot": codec.params.update_layout.per_slot, "bytes": len(blob),
+            "over_fp32": len(blob) / (4 * length), "encrypt_seconds": time.perf_counter() - t0}
+
+
+def lora_campaign(bits: int, value_range: int, rounds: int, seed: int = 0) -> dict:
+    """The demo's LoRA campaign at ``bits`` / ``±value_range`` (module docstring); returns
+    per-round and final held-out perplexity and the seconds it took."""
+    from sealfl.clients.plugins import get_task
+    from sealfl.he.bfv import BFVCodec, BFVParams
+    from sealfl.he.decrypted import open_model, share_to_sum, update_share
+    from sealfl.he.dp import seeded_rng
+    from sealfl.he.server_opt import ServerOpt
+    from sealfl.server.aggregate import RunningSum
+
+    t0 = time.perf_counter()
+    task = get_task("causal-lm")
+    cfg = dict(task.train_defaults())
+    datas = [task.load_data(p, cfg) for p in task.partners]
+    total = sum(task.n_train(d) for d in datas)
+    codec = BFVCodec.generate(BFVParams(pack_bits=bits, pack_range=value_range))
+    layout = codec.params.update_layout
+    opt, bounds = ServerOpt.from_config({}), task.decrypt_bounds
+    params = task.init_params(seed)
+    history = []
+    for rnd in range(1, rounds + 1):
+        acc = RunningSum(codec, task.n_params)
+        for i, data in enumerate(datas):
+            new, _m = task.train_round(params, data, None, None, cfg, 1000 * rnd + i)
+            share = update_share(new, task.n_train(data), total, codec.WEIGHTING, layout)
+            blob = codec.encrypt(share, rng=seeded_rng(10_000 * rnd + i))
+            acc.add(codec.parse(blob, task.n_params))
+        opened = open_model(share_to_sum(codec.decrypt(acc.frame(), task.n_params), total, codec.WEIGHTING), total,
+                            bounds, max_total=total)
+        params, _state = opt.step(opened, task.n_params, bounds.param_grid_bits, clip=layout.clip,
+                                  abs_max=bounds.param_abs_max)
+        nll = n = 0.0
+        for data in datas:
+            m = task.evaluate_round(params, data, None, None)
+            nll, n = nll + m["loss"] * m["n"], n + m["n"]
+        history.append({"round": rnd, "perplexity": math.exp(nll / n)})
+        print(f"[pack] {label(bits, value_range)} round {rnd}: held-out perplexity {history[-1]['perplexity']:.4f}", flush=True)
+    return {"bits": bits, "range": value_range, "rounds": rounds, "history": history, "perplexity": history[-1]["perplexity"],
+            "seconds": time.perf_counter() - t0, "settings": {**cfg, "partners": len(datas), "adapter_values":
+                                                               task.n_params}}
+
+
+def narrowest(sizes: dict[str, dict], campaigns: dict[str, dict]) -> tuple[str | None, float | None, float | None]:
+    """(packing label, bytes ratio, perplexity ratio) of the packing with the fewest bytes
+    whose final perplexity is within :data:`PPL_BOUND` of the 27-bit campaign's (None if
+    the 27-bit campaign was not measured)."""
+    if "27" not in campaigns:
+        return None, None, None
+    ref = campaigns["27"]["perplexity"]
+    ok = [k for k, c in campaigns.items() if c["perplexity"] / ref <= PPL_BOUND]
+    k = min(ok, key=lambda k: sizes[k]["bytes"])
+    return k, sizes[k]["over_fp32"], campaigns[k]["perplexity"] / ref
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--packings", default="27,13,10:1,10",
+                    help="packings BITS[:RANGE], comma-separated; 27 (the reference) first")
+    ap.add_argument("--rounds", type=int, default=3, help="campaign rounds per width (the demo's 3)")
+    ap.add_argument("--bytes-only", action="store_true", help="measure the update bytes only (no campaigns)")
+    args = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(2)
+    packings = {label(*parse_packing(p)): parse_packing(p) for p in args.packings.split(",")}
+    sizes = {k: update_bytes(*p) for k, p in packings.items()}
+    for k, s in sizes.items():
+        print(f"[pack] {k} ({s['values_per_slot']}/slot, step {s['step']:.3g}): {s['bytes']:,} bytes, "
+              f"{s['over_fp32']:.3f}x fp32", flush=True)
+    campaigns = {} if args.bytes_only else {k: lora_campaign(*p, args.rounds) for k, p in packings.items()}
+    bits, ratio, ppl_ratio = narrowest(sizes, campaigns)
+    out = {"lora_values": LORA_VALUES, "ppl_bound": PPL_BOUND, "sizes": sizes, "campaigns": campaigns,
+           "narrowest": bits, "note": "2-core box shared with other engineers' jobs (timings only; the bytes "
+                                           "and perplexities do not depend on load)",
+           "summary": {k: v for k, v in {"P1.narrowest": ratio, "P1.narrowest_ppl_ratio": ppl_ratio}.items()
+                       if v is not None}}
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"[pack] narrowest within {PPL_BOUND:g}x perplexity: {bits} bits, {ratio} x fp32, ppl ratio {ppl_ratio}")
+
+
+if __name__ == "__main__":
+    main()
