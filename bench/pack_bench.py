@@ -1,5 +1,5 @@
 """Benchmark: bytes per update and final held-out perplexity of the causal-LM LoRA campaign
-for each packed-BFV width (``consortium create --pack-bits``, :func:`sealfl.he.framed.packed_layout`).
+for each packed-BFV width (``consortium create --pack-bits``, :func:`sealfl.he.layouts.packed_layout`).
 
 Bytes: one partner's update of 460,800 values (the LoRA size of the ``causal-lm`` task),
 encrypted at each width; ``bytes / (4 * 460,800)`` is the expansion over fp32 (``P1.*``).
@@ -15,6 +15,13 @@ width's clip), the aggregator parses and checks each frame and adds it
 and Ray (transport and scheduling), which do not touch a value. The stochastic rounding
 of the narrow widths is seeded per partner (ChaCha20, ``seeded_rng``) so a run repeats.
 Final perplexity = ``exp(Σ NLL / Σ positions)`` over all partners' held-out blocks.
+
+``P2.llm`` (the default 27-bit codec): a real causal-LM LoRA round of this campaign,
+encrypted over plaintext, from the same round's measured times: each partner's training
+and encryption (partners run in parallel, each on its own machine, so the round waits for
+the slowest), the aggregator's checks and sums, one decryption and opening -- against the
+slowest partner's training plus the plaintext weighted mean of the same local models.
+Median over the rounds. Flower/Ray transport is left out of both sides.
 
 ``P1.narrowest`` is the bytes ratio of the narrowest width whose final perplexity is within
 1 % of the 27-bit campaign's, ``P1.narrowest_ppl_ratio`` its perplexity over the 27-bit one.
@@ -88,24 +95,48 @@ def lora_campaign(bits: int, value_range: int, rounds: int, seed: int = 0) -> di
     history = []
     for rnd in range(1, rounds + 1):
         acc = RunningSum(codec, task.n_params)
+        train_s, enc_s, agg_s, plain_s, locals_ = [], [], 0.0, 0.0, []
         for i, data in enumerate(datas):
+            t = time.perf_counter()
             new, _m = task.train_round(params, data, None, None, cfg, 1000 * rnd + i)
+            train_s.append(time.perf_counter() - t)
+            t = time.perf_counter()
             share = update_share(new, task.n_train(data), total, codec.WEIGHTING, layout)
             blob = codec.encrypt(share, rng=seeded_rng(10_000 * rnd + i))
+            enc_s.append(time.perf_counter() - t)
+            t = time.perf_counter()
             acc.add(codec.parse(blob, task.n_params))
-        opened = open_model(share_to_sum(codec.decrypt(acc.frame(), task.n_params), total, codec.WEIGHTING), total,
+            agg_s += time.perf_counter() - t
+            locals_.append((new, task.n_train(data)))
+        t = time.perf_counter()
+        summed = acc.frame()
+        agg_s += time.perf_counter() - t
+        t = time.perf_counter()
+        opened = open_model(share_to_sum(codec.decrypt(summed, task.n_params), total, codec.WEIGHTING), total,
                             bounds, max_total=total)
+        dec_s = time.perf_counter() - t
+        t = time.perf_counter()  # the plaintext round's aggregation: the weighted mean of the same local models
+        np.sum([w * ni for w, ni in locals_], axis=0) / total
+        plain_s = time.perf_counter() - t
         params, _state = opt.step(opened, task.n_params, bounds.param_grid_bits, clip=layout.clip,
                                   abs_max=bounds.param_abs_max)
         nll = n = 0.0
         for data in datas:
             m = task.evaluate_round(params, data, None, None)
             nll, n = nll + m["loss"] * m["n"], n + m["n"]
-        history.append({"round": rnd, "perplexity": math.exp(nll / n)})
-        print(f"[pack] {label(bits, value_range)} round {rnd}: held-out perplexity {history[-1]['perplexity']:.4f}", flush=True)
-    return {"bits": bits, "range": value_range, "rounds": rounds, "history": history, "perplexity": history[-1]["perplexity"],
-            "seconds": time.perf_counter() - t0, "settings": {**cfg, "partners": len(datas), "adapter_values":
-                                                               task.n_params}}
+        # partners train and encrypt in parallel (each on its own machine): a round lasts as long
+        # as its slowest partner, then the aggregator's checks and sums and one decryption
+        enc_round = max(a + b for a, b in zip(train_s, enc_s)) + agg_s + dec_s
+        plain_round = max(train_s) + plain_s
+        history.append({"round": rnd, "perplexity": math.exp(nll / n), "train_seconds": train_s,
+                        "encrypt_seconds": enc_s, "aggregate_seconds": agg_s, "decrypt_seconds": dec_s,
+                        "plain_aggregate_seconds": plain_s, "round_seconds_encrypted": enc_round,
+                        "round_seconds_plaintext": plain_round, "round_ratio": enc_round / plain_round})
+        print(f"[pack] {label(bits, value_range)} round {rnd}: held-out perplexity "
+              f"{history[-1]['perplexity']:.4f}, round ratio {history[-1]['round_ratio']:.3f}", flush=True)
+    return {"bits": bits, "range": value_range, "rounds": rounds, "history": history,
+            "perplexity": history[-1]["perplexity"], "seconds": time.perf_counter() - t0,
+            "settings": {**cfg, "partners": len(datas), "adapter_values": task.n_params}}
 
 
 def narrowest(sizes: dict[str, dict], campaigns: dict[str, dict]) -> tuple[str | None, float | None, float | None]:
@@ -143,14 +174,21 @@ def main() -> None:
     print(f"[pack] narrowest within {PPL_BOUND:g}x perplexity: {bits}, {ratio} x fp32, ppl ratio {ppl_ratio}")
 
 
+def p2_llm(campaigns: dict) -> float | None:
+    """P2.llm: the 27-bit (default) campaign's encrypted / plaintext round time, median over
+    its rounds (module docstring); None if it was not run."""
+    c = campaigns.get("27")
+    return None if c is None else float(np.median([h["round_ratio"] for h in c["history"]]))
+
+
 def write(sizes: dict, campaigns: dict) -> tuple:
     """Write :data:`OUT` from what was measured so far; returns :func:`narrowest`'s triple."""
     bits, ratio, ppl_ratio = narrowest(sizes, campaigns)
     out = {"lora_values": LORA_VALUES, "ppl_bound": PPL_BOUND, "sizes": sizes, "campaigns": campaigns,
            "narrowest": bits, "note": "2-core box shared with other engineers' jobs (timings only; the bytes "
                                       "and perplexities do not depend on load)",
-           "summary": {k: v for k, v in {"P1.narrowest": ratio, "P1.narrowest_ppl_ratio": ppl_ratio}.items()
-                       if v is not None}}
+           "summary": {k: v for k, v in {"P1.narrowest": ratio, "P1.narrowest_ppl_ratio": ppl_ratio,
+                                         "P2.llm": p2_llm(campaigns)}.items() if v is not None}}
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(out, indent=2) + "\n")
     return bits, ratio, ppl_ratio

@@ -67,8 +67,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from sealfl.he.errors import CiphertextError, SecretKeyMissingError
 from sealfl.common.fields import Fields
+from sealfl.he.errors import CiphertextError, SecretKeyMissingError
 from sealfl.he.framed import (
     DEFAULT_PACK_BITS,
     DEFAULT_PACK_RANGE,
@@ -101,7 +101,7 @@ class BFVParams(ChunkedParams):
         coeff_mod_bit_sizes: SEAL coefficient modulus prime sizes; the last one is the
             special (key-switching) prime, not part of a fresh ciphertext.
         plain_modulus_bits: t is SEAL's largest batching prime of this many bits.
-        pack_bits: width of one packed model-update value (:func:`sealfl.he.framed.packed_layout`:
+        pack_bits: width of one packed model-update value (:func:`sealfl.he.layouts.packed_layout`:
             27 -> 2 per slot, the default; 18 -> 3, 13 -> 4, 10 -> 5, stochastically rounded).
         pack_range: the narrow packings' range ``±pack_range`` (8, 4, 2 or 1; 27 bits: 8).
             Both are written into the parameter dict only when they are not the defaults, so
@@ -305,7 +305,7 @@ class BFVCodec(SealChunkCodec):
         campaign's packing width, :attr:`BFVParams.pack_bits`); returns a frame.
 
         Values beyond the layout's ``clip`` are clipped with a warning (``PACKED``: ±(8 -
-        2^-10); narrower packings: :func:`sealfl.he.framed.packed_layout`); a layout without
+        2^-10); narrower packings: :func:`sealfl.he.layouts.packed_layout`); a layout without
         ``clip`` (``WIDE``) refuses them instead. Narrow packings round stochastically
         (:func:`quantize`) with ``rng``, by default this codec's own ChaCha20 generator keyed
         from :mod:`secrets` when the codec is first asked to round (one per partner process).

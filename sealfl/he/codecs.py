@@ -40,7 +40,7 @@ def params_from_dict(d) -> Params:
 
 def params_for(name: str, pack_bits: int | None = None, pack_range: int | None = None) -> Params:
     """Default parameters for a ``--he`` choice (``bfv`` or ``ckks``), with packed BFV's
-    ``pack_bits`` / ``pack_range`` (:func:`sealfl.he.framed.packed_layout`) when given.
+    ``pack_bits`` / ``pack_range`` (:func:`sealfl.he.layouts.packed_layout`) when given.
 
     Raises CiphertextError: an unknown scheme, a packing given for CKKS, or an unsupported
     width or range."""

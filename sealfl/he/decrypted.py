@@ -124,7 +124,7 @@ def update_share(params, n: int, declared_total: int, weighting: str, layout: La
     the packed sum cannot wrap (:mod:`sealfl.he.bfv`). Clipping each *share* to ±8
     would not do: four shares of 2.25 (w = 9) sum to 9 and wrap to -7. ``layout``: the
     campaign's update layout (``codec.params.update_layout``); a narrower packing clips to
-    its own ``clip`` (:func:`sealfl.he.framed.packed_layout`).
+    its own ``clip`` (:func:`sealfl.he.layouts.packed_layout`).
 
     Raises DecryptedValueError for counts out of range or an unknown weighting."""
     if not (isinstance(n, (int, np.integer)) and isinstance(declared_total, (int, np.integer))

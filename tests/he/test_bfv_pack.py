@@ -1,5 +1,5 @@
 """Narrow packed-BFV widths (``consortium create --pack-bits/--pack-range``,
-sealfl.he.framed.packed_layout): round trips per width, unbiased stochastic rounding,
+sealfl.he.layouts.packed_layout): round trips per width, unbiased stochastic rounding,
 the per-partner limit at ± 1, sums of up to 64 partners within the documented bound,
 hostile settings refused, and the 27-bit default unchanged.
 

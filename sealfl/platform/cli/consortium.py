@@ -81,7 +81,8 @@ def create(
         name = name or task
         named = list(partner or ([] if keys else get_task(task).partners))
         cons, codec = create_consortium(directory, name, named + [k for k in keys if k not in named], task=task,
-                                        params=params_for(he, pack_bits, pack_range), superlink_hosts=superlink_host, public_keys=keys)
+                                        params=params_for(he, pack_bits, pack_range), superlink_hosts=superlink_host,
+                                        public_keys=keys)
         provision_release_enclave(cons, codec.secret_context_bytes(), backend=tee)
     except SealflError as exc:
         fail(str(exc))
