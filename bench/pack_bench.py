@@ -157,7 +157,19 @@ def main() -> None:
                     help="packings BITS[:RANGE], comma-separated; 27 (the reference) first")
     ap.add_argument("--rounds", type=int, default=3, help="campaign rounds per width (the demo's 3)")
     ap.add_argument("--bytes-only", action="store_true", help="measure the update bytes only (no campaigns)")
+    ap.add_argument("--out", type=Path, default=OUT, help="results file (default bench/results/pack.json)")
+    ap.add_argument("--combine", type=Path, nargs="+", metavar="FILE",
+                    help="write --out from the sizes and campaigns of earlier runs' results files (packings run "
+                         "in separate processes) instead of measuring")
     args = ap.parse_args()
+    if args.combine:
+        sizes, campaigns = {}, {}
+        for f in args.combine:
+            d = json.loads(f.read_text())
+            sizes.update(d["sizes"])
+            campaigns.update(d["campaigns"])
+        print("[pack] combined:", write(sizes, campaigns, args.out))
+        return
     import torch
 
     torch.set_num_threads(2)
@@ -169,8 +181,8 @@ def main() -> None:
     campaigns: dict[str, dict] = {}
     for k, p in ([] if args.bytes_only else packings.items()):
         campaigns[k] = lora_campaign(*p, args.rounds)
-        write(sizes, campaigns)  # after each campaign: a long run keeps what it measured
-    bits, ratio, ppl_ratio = write(sizes, campaigns)
+        write(sizes, campaigns, args.out)  # after each campaign: a long run keeps what it measured
+    bits, ratio, ppl_ratio = write(sizes, campaigns, args.out)
     print(f"[pack] narrowest within {PPL_BOUND:g}x perplexity: {bits}, {ratio} x fp32, ppl ratio {ppl_ratio}")
 
 
@@ -181,16 +193,16 @@ def p2_llm(campaigns: dict) -> float | None:
     return None if c is None else float(np.median([h["round_ratio"] for h in c["history"]]))
 
 
-def write(sizes: dict, campaigns: dict) -> tuple:
-    """Write :data:`OUT` from what was measured so far; returns :func:`narrowest`'s triple."""
+def write(sizes: dict, campaigns: dict, out_path: Path = OUT) -> tuple:
+    """Write ``out_path`` from what was measured so far; returns :func:`narrowest`'s triple."""
     bits, ratio, ppl_ratio = narrowest(sizes, campaigns)
     out = {"lora_values": LORA_VALUES, "ppl_bound": PPL_BOUND, "sizes": sizes, "campaigns": campaigns,
            "narrowest": bits, "note": "2-core box shared with other engineers' jobs (timings only; the bytes "
                                       "and perplexities do not depend on load)",
            "summary": {k: v for k, v in {"P1.narrowest": ratio, "P1.narrowest_ppl_ratio": ppl_ratio,
                                          "P2.llm": p2_llm(campaigns)}.items() if v is not None}}
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(out, indent=2) + "\n")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(out, indent=2) + "\n")
     return bits, ratio, ppl_ratio
 
 if __name__ == "__main__":
