@@ -42,6 +42,12 @@ against the layout its caller expects):
   its values in any other way -- the content is not checkable without the key.
   Sum error <= K * 2^-24 for K partners; for K <= 64 that is <= 2^-18, the quantisation
   step of SecAgg+'s defaults (range 16 over 2^22 levels).
+- Narrower packings of model updates (``BFVParams.pack_bits`` / ``pack_range``, a consortium
+  setting: ``consortium create --pack-bits 18|13|10 [--pack-range 8|4|2|1]``;
+  :func:`sealfl.he.layouts.packed_layout` has the table): ``54 // bits`` fields per slot,
+  stochastic (unbiased) rounding, a per-partner clip that leaves the field room for the
+  rounding of 64 partners; sum error < K steps for K partners. Each has its own layout id,
+  so a frame of one width is refused by a reader of another.
 - ``WIDE`` (statistics ``[n, Σx, Σx²]`` and other unnormalised sums): one value per
   slot, multiples of ``2^-12``, each partner's ``|value| < 2^34`` so 64 of them sum
   within ``±2^52 < t/2``.
