@@ -73,9 +73,10 @@ def update_bytes(bits: int, value_range: int = 8, length: int = LORA_VALUES, see
             "over_fp32": len(blob) / (4 * length), "encrypt_seconds": time.perf_counter() - t0}
 
 
-def lora_campaign(bits: int, value_range: int, rounds: int, seed: int = 0) -> dict:
+def lora_campaign(bits: int, value_range: int, rounds: int, seed: int = 0, on_round=None) -> dict:
     """The demo's LoRA campaign at ``bits`` / ``±value_range`` (module docstring); returns
-    per-round and final held-out perplexity and the seconds it took."""
+    per-round and final held-out perplexity and the seconds it took. ``on_round(result so
+    far)`` is called after every round (a long run keeps what it measured)."""
     from sealfl.clients.plugins import get_task
     from sealfl.he.bfv import BFVCodec, BFVParams
     from sealfl.he.decrypted import open_model, share_to_sum, update_share
@@ -134,19 +135,23 @@ def lora_campaign(bits: int, value_range: int, rounds: int, seed: int = 0) -> di
                         "round_seconds_plaintext": plain_round, "round_ratio": enc_round / plain_round})
         print(f"[pack] {label(bits, value_range)} round {rnd}: held-out perplexity "
               f"{history[-1]['perplexity']:.4f}, round ratio {history[-1]['round_ratio']:.3f}", flush=True)
-    return {"bits": bits, "range": value_range, "rounds": rounds, "history": history,
-            "perplexity": history[-1]["perplexity"], "seconds": time.perf_counter() - t0,
-            "settings": {**cfg, "partners": len(datas), "adapter_values": task.n_params}}
+        result = {"bits": bits, "range": value_range, "rounds": rnd, "history": history,
+                  "perplexity": history[-1]["perplexity"], "seconds": time.perf_counter() - t0,
+                  "settings": {**cfg, "partners": len(datas), "adapter_values": task.n_params}}
+        if on_round is not None:
+            on_round(result)
+    return result
 
 
 def narrowest(sizes: dict[str, dict], campaigns: dict[str, dict]) -> tuple[str | None, float | None, float | None]:
     """(packing label, bytes ratio, perplexity ratio) of the packing with the fewest bytes
-    whose final perplexity is within :data:`PPL_BOUND` of the 27-bit campaign's (None if
-    the 27-bit campaign was not measured)."""
+    whose final perplexity is within :data:`PPL_BOUND` of the 27-bit campaign's after as
+    many rounds (None if the 27-bit campaign was not measured)."""
     if "27" not in campaigns:
         return None, None, None
-    ref = campaigns["27"]["perplexity"]
-    ok = [k for k, c in campaigns.items() if c["perplexity"] / ref <= PPL_BOUND]
+    ref, ref_rounds = campaigns["27"]["perplexity"], campaigns["27"].get("rounds")
+    # only campaigns as long as the reference (a run stopped early keeps shorter ones)
+    ok = [k for k, c in campaigns.items() if c.get("rounds") == ref_rounds and c["perplexity"] / ref <= PPL_BOUND]
     k = min(ok, key=lambda k: sizes[k]["bytes"])
     return k, sizes[k]["over_fp32"], campaigns[k]["perplexity"] / ref
 
@@ -180,8 +185,11 @@ def main() -> None:
               f"{s['over_fp32']:.3f}x fp32", flush=True)
     campaigns: dict[str, dict] = {}
     for k, p in ([] if args.bytes_only else packings.items()):
-        campaigns[k] = lora_campaign(*p, args.rounds)
-        write(sizes, campaigns, args.out)  # after each campaign: a long run keeps what it measured
+        def keep(result, k=k):
+            campaigns[k] = result
+            write(sizes, campaigns, args.out)  # after each round: a long run keeps what it measured
+
+        lora_campaign(*p, args.rounds, on_round=keep)
     bits, ratio, ppl_ratio = write(sizes, campaigns, args.out)
     print(f"[pack] narrowest within {PPL_BOUND:g}x perplexity: {bits}, {ratio} x fp32, ppl ratio {ppl_ratio}")
 
