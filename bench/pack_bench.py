@@ -146,9 +146,10 @@ def lora_campaign(bits: int, value_range: int, rounds: int, seed: int = 0, on_ro
 def narrowest(sizes: dict[str, dict], campaigns: dict[str, dict]) -> tuple[str | None, float | None, float | None]:
     """(packing label, bytes ratio, perplexity ratio) of the packing with the fewest bytes
     whose final perplexity is within :data:`PPL_BOUND` of the 27-bit campaign's after as
-    many rounds (None if the 27-bit campaign was not measured)."""
-    if "27" not in campaigns:
-        return None, None, None
+    many rounds (None unless the 27-bit campaign and a narrower one as long were measured)."""
+    ref_rounds = campaigns.get("27", {}).get("rounds")
+    if "27" not in campaigns or not any(k != "27" and c.get("rounds") == ref_rounds for k, c in campaigns.items()):
+        return None, None, None  # nothing narrower compared: no figure (27 alone would read as "the narrowest")
     ref, ref_rounds = campaigns["27"]["perplexity"], campaigns["27"].get("rounds")
     # only campaigns as long as the reference (a run stopped early keeps shorter ones)
     ok = [k for k, c in campaigns.items() if c.get("rounds") == ref_rounds and c["perplexity"] / ref <= PPL_BOUND]
