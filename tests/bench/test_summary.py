@@ -64,6 +64,7 @@ def test_kind_narrowest_packing_is_the_fewest_bytes_within_one_percent_of_the_27
     label, ratio, ppl = pb.narrowest(sizes, camps)
     assert (label, ratio) == ("10:1", 0.43) and abs(ppl - 20.19 / 20.0) < 1e-12
     assert pb.narrowest(sizes, {"13": {"perplexity": 1.0}}) == (None, None, None)  # no reference: no figure
+    assert pb.narrowest(sizes, {"27": {"perplexity": 1.0}}) == (None, None, None)  # nothing narrower compared
     # a campaign shorter than the reference is not compared
     assert pb.narrowest(sizes, {**{k: {**c, "rounds": 3} for k, c in camps.items()},
                                 "10:1": {"perplexity": 20.0, "rounds": 1}})[0] == "13"
