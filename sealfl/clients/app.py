@@ -65,7 +65,7 @@ from sealfl.he.decrypted import (
 )
 from sealfl.he.dp import DPConfig, open_counted
 from sealfl.he.errors import CiphertextError, PrivacyError
-from sealfl.he.framed import WIDE
+from sealfl.he.framed import PACKED, WIDE
 from sealfl.he.server_opt import ServerOpt
 
 log = logging.getLogger(__name__)
@@ -208,7 +208,8 @@ def _decode_global(record: ArrayRecord, kit: PartnerKit, task, opt: ServerOpt, d
             log.info("DP aggregate of %d partners (k=%d)", count, dp.min_partners)
         opened = open_model(share_to_sum(decrypted, stats_n, kit.codec.WEIGHTING), weight, bounds, max_total=stats_n)
         params, state = opt.step(opened, task.n_params, bounds.param_grid_bits,
-                                 clip=upload_clip(kit.codec.WEIGHTING), abs_max=bounds.param_abs_max)
+                                 clip=upload_clip(kit.codec.WEIGHTING, kit.codec.params.update_layout),
+                                 abs_max=bounds.param_abs_max)
         check_params(params, bounds)
     return params, mean, std, state
 
@@ -325,7 +326,7 @@ def handle_train(msg: Message, context: Context, consortium_dir: str | None = No
         new, metrics = task.train_round(params, data, mean, std, cfg, 1000 * rnd + kit.index)
         wire = round_opt(cfg).pack(new, state)
         blob = kit.codec.encrypt(update_share(wire, int(n), _global_int(msg.content[P.GLOBAL], P.STATS_N),
-                                              kit.codec.WEIGHTING))
+                                              kit.codec.WEIGHTING, kit.codec.params.update_layout))
         loss = round_metric(metrics["train_loss"], task.decrypt_bounds)
     log.info("partner %s round %d: trained on %d rows, loss %.4f", name, rnd, n, loss)
     content = RecordDict({
@@ -352,6 +353,9 @@ def _dp_train(kit: PartnerKit, task, data, params, mean, std, cfg, dpc: DPConfig
         raise ClientError(f"the {task.name} task has no DP training")
     if kit.codec.WEIGHTING != "share" or not hasattr(kit.codec, "encrypt_integers"):
         raise ClientError("DP noise lives in packed BFV's integers: this consortium's codec is not BFV")
+    if kit.codec.params.update_layout.id != PACKED.id:
+        raise ClientError(f"DP noise is calibrated for the 27-bit packing; this consortium packs "
+                          f"{kit.codec.params.update_layout.bits}-bit values (create it without --pack-bits)")
     if round_opt(cfg).wire_length(task.n_params) != task.n_params:
         raise ClientError("DP campaigns run FedAvg at the key holders: no server optimizer state")
     rng = secure_rng()

@@ -42,6 +42,12 @@ against the layout its caller expects):
   its values in any other way -- the content is not checkable without the key.
   Sum error <= K * 2^-24 for K partners; for K <= 64 that is <= 2^-18, the quantisation
   step of SecAgg+'s defaults (range 16 over 2^22 levels).
+- Narrower packings of model updates (``BFVParams.pack_bits`` / ``pack_range``, a consortium
+  setting: ``consortium create --pack-bits 18|13|10 [--pack-range 8|4|2|1]``;
+  :func:`sealfl.he.layouts.packed_layout` has the table): ``54 // bits`` fields per slot,
+  stochastic (unbiased) rounding, a per-partner clip that leaves the field room for the
+  rounding of 64 partners; sum error < K steps for K partners. Each has its own layout id,
+  so a frame of one width is refused by a reader of another.
 - ``WIDE`` (statistics ``[n, Σx, Σx²]`` and other unnormalised sums): one value per
   slot, multiples of ``2^-12``, each partner's ``|value| < 2^34`` so 64 of them sum
   within ``±2^52 < t/2``.
@@ -67,12 +73,25 @@ from typing import ClassVar
 
 import numpy as np
 
+from sealfl.common.fields import Fields
 from sealfl.he.errors import CiphertextError, SecretKeyMissingError
-from sealfl.he.framed import LAYOUTS, PACKED, WIDE, ChunkedParams, Layout, tenseal
+from sealfl.he.framed import (
+    DEFAULT_PACK_BITS,
+    DEFAULT_PACK_RANGE,
+    LAYOUTS,
+    PACK_RANGES,
+    PACK_WIDTHS,
+    PACKED,
+    WIDE,
+    ChunkedParams,
+    Layout,
+    packed_layout,
+    tenseal,
+)
 from sealfl.he.sealchunks import SealChunkCodec
 
 __all__ = ["MAGIC", "BFVParams", "BFVCodec", "quantize", "pack", "unpack", "context_id",
-           "Layout", "PACKED", "WIDE", "LAYOUTS"]
+           "Layout", "PACKED", "WIDE", "LAYOUTS", "PACK_WIDTHS", "packed_layout"]
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +107,14 @@ class BFVParams(ChunkedParams):
         coeff_mod_bit_sizes: SEAL coefficient modulus prime sizes; the last one is the
             special (key-switching) prime, not part of a fresh ciphertext.
         plain_modulus_bits: t is SEAL's largest batching prime of this many bits.
+        pack_bits: width of one packed model-update value (:func:`sealfl.he.layouts.packed_layout`:
+            27 -> 2 per slot, the default; 18 -> 3, 13 -> 4, 10 -> 5, stochastically rounded).
+        pack_range: the narrow packings' range ``±pack_range`` (8, 4, 2 or 1; 27 bits: 8).
+            Both are written into the parameter dict only when they are not the defaults, so
+            consortia made before the setting existed read (and write) as they were.
+
+    Raises:
+        CiphertextError: (on construction) an unsupported width or range.
     """
 
     SCHEME: ClassVar[str] = "BFV"
@@ -96,20 +123,62 @@ class BFVParams(ChunkedParams):
     poly_modulus_degree: int = 4096
     coeff_mod_bit_sizes: tuple[int, ...] = field(default=(32, 32, 40))
     plain_modulus_bits: int = 54
+    pack_bits: int = DEFAULT_PACK_BITS
+    pack_range: int = DEFAULT_PACK_RANGE
+
+    def __post_init__(self) -> None:
+        packed_layout(self.pack_bits, self.pack_range)  # raises CiphertextError for an unsupported packing
 
     @property
     def slots(self) -> int:
         """Integer slots per ciphertext (BFV batching: N)."""
         return self.poly_modulus_degree
 
+    def resolve(self, layout: Layout) -> Layout:
+        """:data:`PACKED` (the model-update role) becomes this campaign's packing width."""
+        return packed_layout(self.pack_bits, self.pack_range) if layout.id == PACKED.id else layout
+
     def values_per_slot(self, layout: Layout) -> int:
-        """Real values one slot carries: ``layout.per_slot`` fixed-point fields."""
-        return layout.per_slot
+        """Real values one slot carries: ``per_slot`` fixed-point fields of the resolved layout."""
+        return self.resolve(layout).per_slot
+
+    def to_dict(self) -> dict:
+        """The common parameter dict, plus ``pack_bits`` / ``pack_range`` when not the defaults."""
+        d = super().to_dict()
+        if self.pack_bits != DEFAULT_PACK_BITS:
+            d["pack_bits"] = self.pack_bits
+        if self.pack_range != DEFAULT_PACK_RANGE:
+            d["pack_range"] = self.pack_range
+        return d
+
+    @classmethod
+    def from_dict(cls, d: object) -> "BFVParams":
+        """:meth:`ChunkedParams.from_dict` plus the optional ``pack_bits`` (default 27) and
+        ``pack_range`` (default 8).
+
+        Raises:
+            CiphertextError: not a BFV parameter dict, or an unsupported width or range
+                (names the choices).
+        """
+        base = super().from_dict(d)
+        fields = Fields("BFV parameters", CiphertextError)
+        bits = fields.get(d, "pack_bits", "integer", lo=min(PACK_WIDTHS), hi=max(PACK_WIDTHS),
+                          default=DEFAULT_PACK_BITS)
+        value_range = fields.get(d, "pack_range", "integer", lo=min(PACK_RANGES), hi=max(PACK_RANGES),
+                                 default=DEFAULT_PACK_RANGE)
+        return cls(base.poly_modulus_degree, base.coeff_mod_bit_sizes, base.plain_modulus_bits, bits, value_range)
 
 
-def quantize(values: np.ndarray, layout: Layout) -> np.ndarray:
+def quantize(values: np.ndarray, layout: Layout, rng: np.random.Generator | None = None) -> np.ndarray:
     """Fixed-point integers (int64) of ``values`` (float64, 1-D) under ``layout``:
-    clip (``layout.clip``), then round half to even at ``2**-frac_bits``.
+    clip (``layout.clip``), then round at ``2**-frac_bits`` -- half to even, or, for a
+    stochastic layout (the narrow packings), up with probability equal to the fraction
+    left below the grid (``q = floor(x) + [u < x - floor(x)]``, ``u`` uniform on [0, 1)
+    from ``rng``), so ``E[q] = x`` exactly and ``|q - x| < 1`` (unbiased stochastic
+    rounding, e.g. Gupta et al., "Deep Learning with Limited Numerical Precision", ICML 2015).
+
+    ``rng``: the stochastic layouts' randomness (default: a fresh ChaCha20 generator keyed
+    from :mod:`secrets`, :func:`sealfl.he.dp.secure_rng`); ignored otherwise.
 
     Raises CiphertextError for NaN/inf, or a value beyond ``layout.max_abs`` when the
     layout does not clip.
@@ -129,7 +198,15 @@ def quantize(values: np.ndarray, layout: Layout) -> np.ndarray:
         v = np.clip(v, -layout.clip, layout.clip)
     elif v.size and float(np.max(np.abs(v))) >= layout.max_abs:
         raise CiphertextError(f"value {float(np.max(np.abs(v))):.6g} is beyond this layout's range ±{layout.max_abs:g}")
-    return np.rint(np.ldexp(v, layout.frac_bits)).astype(np.int64)
+    x = np.ldexp(v, layout.frac_bits)  # exact: a power-of-two scaling
+    if not layout.stochastic:
+        return np.rint(x).astype(np.int64)
+    if rng is None:
+        from sealfl.he.dp import secure_rng
+
+        rng = secure_rng()
+    lo = np.floor(x)
+    return (lo + (rng.random(x.size) < (x - lo))).astype(np.int64)
 
 
 def pack(q: np.ndarray, layout: Layout) -> np.ndarray:
@@ -186,6 +263,7 @@ class BFVCodec(SealChunkCodec):
         self._ctx = context
         self.params = params
         self.context_id = ctx_id
+        self._rng: np.random.Generator | None = None  # stochastic rounding, made on first use
         self._init_seal(context)
         self._encoder = sealapi.BatchEncoder(self._seal)
 
@@ -228,43 +306,66 @@ class BFVCodec(SealChunkCodec):
         return cls(ctx, params, ctx_id)
 
     # ---- encrypt / frame ----------------------------------------------------------------
-    def encrypt(self, vector: np.ndarray, layout: Layout = PACKED) -> bytes:
-        """Encrypt a 1-D real vector (used as float64) under ``layout``; returns a frame.
+    def encrypt(self, vector: np.ndarray, layout: Layout = PACKED, rng: np.random.Generator | None = None) -> bytes:
+        """Encrypt a 1-D real vector (used as float64) under ``layout`` (``PACKED``: the
+        campaign's packing width, :attr:`BFVParams.pack_bits`); returns a frame.
 
         Values beyond the layout's ``clip`` are clipped with a warning (``PACKED``: ±(8 -
-        2^-10)); a layout without ``clip`` (``WIDE``) refuses them instead.
+        2^-10); narrower packings: :func:`sealfl.he.layouts.packed_layout`); a layout without
+        ``clip`` (``WIDE``) refuses them instead. Narrow packings round stochastically
+        (:func:`quantize`) with ``rng``, by default this codec's own ChaCha20 generator keyed
+        from :mod:`secrets` when the codec is first asked to round (one per partner process).
 
         Raises SecretKeyMissingError without the secret key (symmetric encryption);
         CiphertextError for a non-1-D, non-real or non-finite vector, or a value beyond a
         non-clipping layout's range.
         """
-        q = quantize(vector, layout)
+        layout = self.params.resolve(layout)
+        if layout.stochastic and rng is None:
+            rng = self._rounding_rng()
+        q = quantize(vector, layout, rng)
         return self.frame(q.size, self._seeded_chunks(pack(q, layout), self.params.slots), layout)
+
+    def _rounding_rng(self) -> np.random.Generator:
+        """This codec's stochastic-rounding generator (ChaCha20 keyed from :mod:`secrets`)."""
+        if self._rng is None:
+            from sealfl.he.dp import secure_rng
+
+            self._rng = secure_rng()
+        return self._rng
 
     def encrypt_integers(self, q: np.ndarray, layout: Layout = PACKED) -> bytes:
         """Encrypt fixed-point integers already in ``layout``'s units (int64, 1-D; e.g. a DP
         upload with its integer noise, :func:`sealfl.he.dp.dp_upload`); returns a frame that
         :meth:`decrypt` reads like :meth:`encrypt`'s.
 
-        Raises CiphertextError for a non-integer or non-1-D array or a value outside the
-        packed field (``|q| < 2**(bits-1)``); SecretKeyMissingError without the secret key.
+        Raises CiphertextError for a non-integer or non-1-D array or a value beyond
+        ``layout.int_max`` (27-bit packing: the field, ``|q| < 2**26``; narrower packings:
+        the per-partner clip that keeps the sum of 64 partners inside the field);
+        SecretKeyMissingError without the secret key.
         """
+        layout = self.params.resolve(layout)
         q = np.asarray(q)
         if q.dtype.kind not in "iu" or q.ndim != 1:
             raise CiphertextError(f"expected a 1-D integer vector, got {q.dtype} {q.shape}")
         q = q.astype(np.int64)
-        if q.size and int(np.max(np.abs(q))) >= 1 << (layout.bits - 1):
-            raise CiphertextError(f"integer {int(np.max(np.abs(q)))} does not fit a {layout.bits}-bit field")
+        if q.size and int(np.max(np.abs(q))) > layout.int_max:
+            what = (f"a {layout.bits}-bit field" if not layout.stochastic else
+                    f"the {layout.bits}-bit packing's per-partner range ±{layout.int_max} "
+                    f"(±{layout.max_abs:g}; room for the sum of 64 partners)")
+            raise CiphertextError(f"integer {int(np.max(np.abs(q)))} does not fit {what}")
         return self.frame(q.size, self._seeded_chunks(pack(q, layout), self.params.slots), layout)
 
     def decrypt(self, blob: bytes, expected_length: int | None = None, layout: Layout = PACKED) -> np.ndarray:
-        """Decrypt a frame into float64 (length,) -- exact fixed-point values.
+        """Decrypt a frame into float64 (length,) -- exact fixed-point values (the sum of the
+        integers the partners encrypted, times ``2**-frac_bits`` of the resolved layout).
 
         Raises SecretKeyMissingError without the secret key; CiphertextError for an
         invalid frame.
         """
         if not self.has_secret_key:
             raise SecretKeyMissingError("this BFV context holds no secret key; only key holders can decrypt")
+        layout = self.params.resolve(layout)
         length, parts = self._decrypted_chunks(blob, expected_length, layout)
         slots = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
         return np.ldexp(unpack(slots, layout, length).astype(np.float64), -layout.frac_bits)

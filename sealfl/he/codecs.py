@@ -38,12 +38,24 @@ def params_from_dict(d) -> Params:
     return _BY_SCHEME[scheme][0].from_dict(d)
 
 
-def params_for(name: str) -> Params:
-    """Default parameters for a ``--he`` choice (``bfv`` or ``ckks``). Raises CiphertextError."""
+def params_for(name: str, pack_bits: int | None = None, pack_range: int | None = None) -> Params:
+    """Default parameters for a ``--he`` choice (``bfv`` or ``ckks``), with packed BFV's
+    ``pack_bits`` / ``pack_range`` (:func:`sealfl.he.layouts.packed_layout`) when given.
+
+    Raises CiphertextError: an unknown scheme, a packing given for CKKS, or an unsupported
+    width or range."""
     try:
-        return HE_SCHEMES[str(name).strip().lower()]()
+        cls = HE_SCHEMES[str(name).strip().lower()]
     except KeyError:
         raise CiphertextError(f"unknown HE scheme {name!r}; choose one of {sorted(HE_SCHEMES)}") from None
+    if pack_bits is None and pack_range is None:
+        return cls()
+    if cls is not BFVParams:
+        raise CiphertextError("--pack-bits / --pack-range choose packed BFV's fixed-point packing; CKKS holds one "
+                              "approximate value per slot (use --he bfv)")
+    d = BFVParams()
+    return BFVParams(pack_bits=d.pack_bits if pack_bits is None else pack_bits,
+                     pack_range=d.pack_range if pack_range is None else pack_range)
 
 
 def _codec_class(params):

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sealfl.he.errors import DecryptedValueError
-from sealfl.he.framed import PACKED
+from sealfl.he.framed import PACKED, Layout
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ def check_weight(weight, max_total: int) -> int:
 WEIGHTINGS = ("share", "count")
 
 
-def update_share(params, n: int, declared_total: int, weighting: str) -> np.ndarray:
+def update_share(params, n: int, declared_total: int, weighting: str, layout: Layout = PACKED) -> np.ndarray:
     """What a partner encrypts for weighted FedAvg (float64): ``(n / N) * params`` for the
     ``"share"`` weighting, ``n * params`` for ``"count"`` (:data:`WEIGHTINGS`), with ``n``
     its training rows and ``N`` the total the partners declared in the statistics round
@@ -122,13 +122,15 @@ def update_share(params, n: int, declared_total: int, weighting: str) -> np.ndar
     ``±PACKED.clip`` (8 - 2^-10, Flower SecAgg+'s clipping range), with a warning: then
     ``|Σ (n_i/N) w_i| <= max|w_i| * Σ n_i/N < 8`` whatever the number of partners, so
     the packed sum cannot wrap (:mod:`sealfl.he.bfv`). Clipping each *share* to ±8
-    would not do: four shares of 2.25 (w = 9) sum to 9 and wrap to -7.
+    would not do: four shares of 2.25 (w = 9) sum to 9 and wrap to -7. ``layout``: the
+    campaign's update layout (``codec.params.update_layout``); a narrower packing clips to
+    its own ``clip`` (:func:`sealfl.he.layouts.packed_layout`).
 
     Raises DecryptedValueError for counts out of range or an unknown weighting."""
     if not (isinstance(n, (int, np.integer)) and isinstance(declared_total, (int, np.integer))
             and 1 <= n <= declared_total):
         raise DecryptedValueError(f"cannot weight an update by {n!r} of {declared_total!r} rows")
-    clip = upload_clip(weighting)  # raises for an unknown weighting
+    clip = upload_clip(weighting, layout)  # raises for an unknown weighting
     w = np.asarray(params, dtype=np.float64)
     if clip is None:
         return w * float(int(n))
@@ -140,13 +142,14 @@ def update_share(params, n: int, declared_total: int, weighting: str) -> np.ndar
     return w * (int(n) / int(declared_total))
 
 
-def upload_clip(weighting: str) -> float | None:
+def upload_clip(weighting: str, layout: Layout = PACKED) -> float | None:
     """The range ``±clip`` every uploaded value is clipped to under ``weighting``
-    (:func:`update_share`): ``PACKED.clip`` for ``"share"`` (packed BFV), None for
-    ``"count"`` (no clipping). Raises DecryptedValueError for an unknown weighting."""
+    (:func:`update_share`): ``layout.clip`` for ``"share"`` (packed BFV; ``PACKED.clip`` at the
+    default 27-bit packing), None for ``"count"`` (no clipping). Raises DecryptedValueError
+    for an unknown weighting."""
     if weighting not in WEIGHTINGS:
         raise DecryptedValueError(f"unknown update weighting {weighting!r}")
-    return PACKED.clip if weighting == "share" else None
+    return layout.clip if weighting == "share" else None
 
 
 def share_to_sum(decrypted_share, declared_total: int, weighting: str) -> np.ndarray:

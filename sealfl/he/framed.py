@@ -16,47 +16,30 @@ Frame layout (little-endian)::
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
 from sealfl.common.fields import Fields
 from sealfl.he.errors import CiphertextError, SecretKeyMissingError
+from sealfl.he.layouts import (  # noqa: F401  (re-exported: the frame's layouts live in sealfl.he.layouts)
+    DEFAULT_PACK_BITS,
+    DEFAULT_PACK_RANGE,
+    LAYOUTS,
+    PACK_PARTNERS,
+    PACK_RANGES,
+    PACK_WIDTHS,
+    PACKED,
+    WIDE,
+    Layout,
+    packed_layout,
+)
 
-__all__ = ["Layout", "PACKED", "WIDE", "LAYOUTS", "ChunkedParams", "FramedCodec", "HEADER", "LEN", "tenseal"]
+__all__ = ["Layout", "PACKED", "WIDE", "LAYOUTS", "PACK_WIDTHS", "DEFAULT_PACK_BITS", "PACK_RANGES",
+           "DEFAULT_PACK_RANGE", "PACK_PARTNERS", "packed_layout", "ChunkedParams", "FramedCodec", "HEADER", "LEN",
+           "tenseal"]
 
 VERSION = 1
 HEADER = struct.Struct("<4sBB32sII")
 LEN = struct.Struct("<I")
-
-
-@dataclass(frozen=True)
-class Layout:
-    """How real values are laid out in a campaign's ciphertexts.
-
-    Attributes:
-        id: the frame header byte (a frame is only checked against the layout its caller expects).
-        per_slot: values packed into one integer slot (BFV; CKKS always holds one per slot).
-        bits: width of one packed field (bits, including sign; BFV).
-        frac_bits: fixed-point fraction bits (BFV: value = integer * 2**-frac_bits).
-        clip: values are clipped to ``±clip`` before encryption (None: refused when out of
-            range instead, see :attr:`max_abs`).
-        max_abs: largest ``|value|`` one partner may encrypt (after clipping).
-    """
-
-    id: int
-    per_slot: int
-    bits: int
-    frac_bits: int
-    clip: float | None
-    max_abs: float
-
-
-#: model updates (shares ``(n_i/N) w_i``): clipped to ±(8 - 2^-10), Flower SecAgg+'s default
-#: clipping range; BFV packs two 27-bit fields per slot at step 2^-23
-PACKED = Layout(id=1, per_slot=2, bits=27, frac_bits=23, clip=8.0 - 2.0**-10, max_abs=8.0 - 2.0**-10)
-#: statistics ``[n, Σx, Σx²]``: one value per slot, |value| < 2^34 per partner (BFV step 2^-12)
-WIDE = Layout(id=2, per_slot=1, bits=53, frac_bits=12, clip=None, max_abs=2.0**34)
-LAYOUTS = {PACKED.id: PACKED, WIDE.id: WIDE}
 
 
 def tenseal():
@@ -81,6 +64,17 @@ class ChunkedParams:
     slots: int
     poly_modulus_degree: int
     coeff_mod_bit_sizes: tuple[int, ...]
+
+    def resolve(self, layout: Layout) -> Layout:
+        """The layout frames of ``layout``'s role really use under these parameters (default:
+        ``layout`` itself; packed BFV maps :data:`PACKED` to its campaign's packing width)."""
+        return layout
+
+    @property
+    def update_layout(self) -> Layout:
+        """The layout of this campaign's model updates (:data:`PACKED` unless a subclass
+        packs at another width)."""
+        return self.resolve(PACKED)
 
     def to_dict(self) -> dict:
         """``{"scheme", "poly_modulus_degree", "coeff_mod_bit_sizes", EXTRA}`` (JSON)."""
@@ -193,6 +187,7 @@ class FramedCodec:
         Raises CiphertextError for a length or chunk count outside the header's u32 fields."""
         if not (0 <= int(length) < 1 << 32 and len(chunks) < 1 << 32):
             raise CiphertextError(f"cannot frame {length!r} values in {len(chunks)} chunks (u32 header fields)")
+        layout = self.params.resolve(layout)
         parts = [HEADER.pack(self.MAGIC, VERSION, layout.id, self.context_id, length, len(chunks))]
         for c in chunks:
             parts += [LEN.pack(len(c)), c]
@@ -213,6 +208,7 @@ class FramedCodec:
         """
         blob = bytes(blob)
         p = self.params
+        layout = p.resolve(layout)
         if expected_length is not None and len(blob) > p.max_frame_bytes(expected_length, layout):
             raise CiphertextError(f"ciphertext frame of {len(blob)} bytes exceeds the bound of "
                                   f"{p.max_frame_bytes(expected_length, layout)} bytes for {expected_length} values")

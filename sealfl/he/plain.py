@@ -60,6 +60,11 @@ class PlainParams:
         return self.values
 
     @property
+    def update_layout(self) -> Layout:
+        """Model updates' layout role (:data:`PACKED`; the baseline keeps float64 values)."""
+        return PACKED
+
+    @property
     def max_chunk_bytes(self) -> int:
         return 8 * self.values
 

@@ -43,6 +43,7 @@ from sealfl.common.fields import Fields
 from sealfl.common.fsutil import atomic_write, read_capped
 from sealfl.he import codecs
 from sealfl.he.errors import CiphertextError
+from sealfl.he.framed import PACK_PARTNERS
 from sealfl.he.kit_wrap import wrap
 from sealfl.platform.errors import ConsortiumError
 
@@ -167,7 +168,8 @@ def create_consortium(d: str | Path, name: str, partners: list[str], *, params: 
     into the release enclave; drop it afterwards).
     Raises ConsortiumError if ``d`` is not empty, partner names collide (also after
     mapping to directory names), ``task`` is not a registered task
-    (:mod:`sealfl.clients.plugins`), or a partner has no data for it.
+    (:mod:`sealfl.clients.plugins`), a partner has no data for it, or a narrow BFV packing
+    (``params.pack_bits`` < 27) is asked for more than 64 partners.
 
     ``public_keys`` maps partner names (each also in ``partners``) to the PEM public key the
     partner made on its own machine; those partners bring their own data, their names are
@@ -195,6 +197,10 @@ def create_consortium(d: str | Path, name: str, partners: list[str], *, params: 
     given = {p: parse_public_key(pem, f"the public key of partner {p!r}") for p, pem in public_keys.items()}
     if len(set(partners)) != len(partners) or len(partners) < 2:
         raise ConsortiumError("need at least 2 partners with distinct names")
+    layout = getattr(params, "update_layout", None)
+    if layout is not None and layout.stochastic and len(partners) > PACK_PARTNERS:
+        raise ConsortiumError(f"a {layout.bits}-bit packing has room for the rounding of {PACK_PARTNERS} partners, "
+                              f"not {len(partners)}: leave --pack-bits at its default 27")
     slugs = [slug(p) for p in partners]
     if len(set(slugs)) != len(slugs) or "" in slugs:
         raise ConsortiumError(f"partner names must map to distinct directory names, got {dict(zip(partners, slugs))}")

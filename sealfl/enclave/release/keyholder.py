@@ -93,8 +93,8 @@ class KeyHolder:
             decrypted, _count = open_counted(self._codec.decrypt(blob, wire + 1), dp.min_partners)
         opened = open_model(share_to_sum(decrypted, declared_total, self._codec.WEIGHTING), total_weight, bounds,
                             declared_total)
-        x, _state = opt.step(opened, length, bounds.param_grid_bits, clip=upload_clip(self._codec.WEIGHTING),
-                             abs_max=bounds.param_abs_max)
+        clip = upload_clip(self._codec.WEIGHTING, self._codec.params.update_layout)
+        x, _state = opt.step(opened, length, bounds.param_grid_bits, clip=clip, abs_max=bounds.param_abs_max)
         return check_params(x, bounds)
 
     def open_stats(self, blob: bytes, length: int, declared_total: int, bounds) -> tuple[np.ndarray, np.ndarray]:

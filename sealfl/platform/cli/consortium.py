@@ -28,6 +28,13 @@ def create(
     he: str = typer.Option("bfv", help="Homomorphic encryption of the updates: 'bfv' (default; packed BFV: "
                                        "~1.05x the fp32 bytes, exact sums, parameters clipped to ±8) or 'ckks' "
                                        "(NVIDIA FLARE's parameters, ~7x the fp32 bytes); docs/encryption.md."),
+    pack_bits: Optional[int] = typer.Option(None, "--pack-bits",
+                                            help="Packed BFV: bits per update value -- 27 (default; 2 per slot, step "
+                                                 "2^-23), 18 (3), 13 (4), 10 (5 per slot, ~0.43x the fp32 bytes); "
+                                                 "narrower widths round stochastically (unbiased). docs/encryption.md."),
+    pack_range: Optional[int] = typer.Option(None, "--pack-range",
+                                             help="Packed BFV, narrow widths: values clipped to about ±RANGE (8 "
+                                                  "default, 4, 2, 1); each halving halves the step."),
     tee: str = typer.Option("sim", "--tee", help="The release enclave's TEE: 'sim' (an INSECURE, labelled "
                             "simulation for tests and demos) or 'tpm' (TPM 2.0 via SEALFL_TPM_TCTI; the "
                             "release-enclave role's handles, see docs/device.md 'Device trust on a TPM 2.0')."),
@@ -75,7 +82,8 @@ def create(
         name = name or task
         named = list(partner or ([] if keys else get_task(task).partners))
         cons, codec = create_consortium(directory, name, named + [k for k in keys if k not in named], task=task,
-                                        params=params_for(he), superlink_hosts=superlink_host, public_keys=keys)
+                                        params=params_for(he, pack_bits, pack_range), superlink_hosts=superlink_host,
+                                        public_keys=keys)
         provision_release_enclave(cons, codec.secret_context_bytes(), backend=tee)
         tuf_root = make_authority_root_keys(directory)
     except SealflError as exc:
