@@ -187,3 +187,15 @@ def test_kind_the_child_streams_without_waiting_and_answers_each_stop_once(rt):
     cancelled = rt.generate(ids, SamplingParams(max_tokens=20), on_text=lambda piece: False)
     assert cancelled.finish_reason == "cancelled" and cancelled.completion_tokens < 20
     assert rt.generate(ids, SamplingParams(max_tokens=6)).token_ids == [x["token"] for x in replies]
+
+
+def test_kind_a_callback_that_raises_ends_the_stream_and_the_next_request_is_unaffected(rt):
+    ids, greedy = encode(TEXTS[2]), SamplingParams(max_tokens=10)
+    want = rt.generate(ids, greedy).token_ids
+
+    def boom(piece):
+        raise KeyError("client went away")
+
+    with pytest.raises(KeyError):
+        rt.generate(ids, SamplingParams(max_tokens=40), on_text=boom)
+    assert rt.alive and rt.generate(ids, greedy).token_ids == want
