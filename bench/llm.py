@@ -18,7 +18,9 @@ What it does:
    (median reported): time to first token for a ~128-token prompt (median of 3 calls
    after loading), greedy decode tokens/s over 64 tokens, peak RSS (``VmHWM``; for sealfl
    the device process -- verification of both variants included -- plus its sandboxed
-   child), file size; 2 threads everywhere;
+   child, also reported apart: ``parent_rss_bytes`` and ``child_rss_bytes`` are the two
+   peaks, ``*_rss_after_decode_bytes`` the two ``VmRSS`` after the decode), file size;
+   2 threads everywhere;
 5. **quality** on the held-out blocks against the fp32 merged model (torch): top-1
    agreement and perplexity. sealfl is scored as its gate scores it (prefill over half a
    block, then token by token, :func:`sealfl.clients.causal_lm.scoring.candidate_scores`);
@@ -60,6 +62,7 @@ GGUF_TYPES = ("Q4_0", "Q4_1", "Q4_K_M")
 THREADS = 2
 DECODE = 64
 PROMPT_TOKENS = 128
+RSS_PARTS = ("parent_rss_bytes", "child_rss_bytes", "parent_rss_after_decode_bytes", "child_rss_after_decode_bytes")
 
 
 def log(msg: str) -> None:
@@ -141,11 +144,12 @@ def save_hf(merged, bundle, out: Path) -> None:
 
 # -- measurements ---------------------------------------------------------------------------
 
-def _vmhwm(pid: int) -> int:
+def _vm(pid: int, field: str = "VmHWM") -> int:
+    """``field`` of /proc/PID/status in bytes (``VmHWM``: peak resident, ``VmRSS``: now)."""
     try:
         with open(f"/proc/{pid}/status") as fh:
             for line in fh:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
@@ -170,10 +174,13 @@ def sealfl_speed_child(trust: str, release: str, variant: str, prompt_file: str)
         rt.generate(prompt[:16], SamplingParams(max_tokens=2))  # as device serve's warm-up does
         ttfts = [rt.generate(prompt, SamplingParams(max_tokens=1)).seconds_to_first_token for _ in range(3)]
         r = rt.generate(prompt, SamplingParams(max_tokens=DECODE + 1))
-        child_hwm = _vmhwm(rt.pid)
+        child = {"peak": _vm(rt.pid), "now": _vm(rt.pid, "VmRSS")}
+    parent = {"peak": _vm(os.getpid()), "now": _vm(os.getpid(), "VmRSS")}
     return {"ttft_s": statistics.median(ttfts), "ttft_all_s": ttfts,
             "decode_tok_s": DECODE / (r.seconds - r.seconds_to_first_token),
-            "peak_rss_bytes": _vmhwm(os.getpid()) + child_hwm}
+            "peak_rss_bytes": parent["peak"] + child["peak"],
+            "parent_rss_bytes": parent["peak"], "child_rss_bytes": child["peak"],
+            "parent_rss_after_decode_bytes": parent["now"], "child_rss_after_decode_bytes": child["now"]}
 
 
 def run_json(cmd: list, timeout: float = 1800) -> dict:
@@ -372,6 +379,9 @@ def main() -> int:
         engines[name].update({"ttft_s": statistics.median(r["ttft_s"] for r in runs),
                               "decode_tok_s": statistics.median(r["decode_tok_s"] for r in runs),
                               "peak_rss_bytes": max(r["peak_rss_bytes"] for r in runs), "runs": runs})
+        for key in RSS_PARTS:  # sealfl: the device process and its sandboxed child, each at its peak
+            if all(key in r for r in runs):
+                engines[name][key] = max(r[key] for r in runs)
         engines[name].pop("path", None)
     load = None if a.no_load else load_figure(trust, release, a.clients, a.requests,
                                               "What is the difference between a list and a tuple in Python?")
@@ -390,11 +400,14 @@ def main() -> int:
 
 
 def table(result: dict) -> str:
-    rows = ["| engine | MB | TTFT 128 s | decode tok/s | peak RSS MiB | top-1 agree | ppl (fp32) |",
+    rows = ["| engine | MB | TTFT 128 s | decode tok/s | peak RSS MiB (parent + child) | top-1 agree | ppl (fp32) |",
             "|---|---|---|---|---|---|---|"]
     for name, e in result["engines"].items():
+        rss = f"{e.get('peak_rss_bytes', 0) / 2**20:.0f}"
+        if "parent_rss_bytes" in e:
+            rss += f" ({e['parent_rss_bytes'] / 2**20:.0f} + {e['child_rss_bytes'] / 2**20:.0f})"
         rows.append(f"| {name} | {e['file_bytes'] / 1e6:.1f} | {e.get('ttft_s', float('nan')):.3f} | "
-                    f"{e.get('decode_tok_s', float('nan')):.1f} | {e.get('peak_rss_bytes', 0) / 2**20:.0f} | "
+                    f"{e.get('decode_tok_s', float('nan')):.1f} | {rss} | "
                     f"{e['top1_agreement']:.3f} | {e['perplexity']:.2f} ({e['perplexity_fp32']:.2f}) |")
     if result.get("load"):
         ld = result["load"]

@@ -90,11 +90,12 @@ def choose_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Gene
     Raises:
         ValueError: the logits are not a finite 1-D array.
     """
-    x = np.asarray(logits, dtype=np.float64).reshape(-1)
+    x = np.asarray(logits).reshape(-1)
     if x.size == 0 or not np.all(np.isfinite(x)):
         raise ValueError("the model produced logits that are not finite")
     if params.temperature == 0:
-        return int(np.argmax(x))
+        return int(np.argmax(x))  # on the float32 row itself: widening is exact, the order the same
+    x = x.astype(np.float64)
     z = (x - x.max()) / params.temperature
     p = np.exp(z)
     p /= p.sum()
@@ -111,22 +112,44 @@ def choose_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Gene
 class KVDecoder:
     """One sequence's decoding state over an onnxruntime session of a causal-LM release.
 
+    Two ways to run the graph, same logits bit for bit (checked at construction):
+
+    * **shared buffer** (the default where the graph allows it): one preallocated KV buffer
+      per past input, float32 (1, kv_heads, max_context, head_dim), bound with
+      onnxruntime's ``IOBinding`` as both the ``past_key_values.*`` input and the
+      ``present.*`` output: the graph's ``GroupQueryAttention`` (com.microsoft) then
+      appends the new positions in place (its ``past_present_share_buffer`` mode, the one
+      onnxruntime-genai decodes with) and reads only the first ``total_sequence_length``
+      positions (from ``attention_mask``). No copy of the past per step, no fresh output
+      memory per step; the last position's logits land in one preallocated row. The
+      buffers are ``numpy.zeros`` (pages the kernel maps on first write): resident memory
+      grows with the longest sequence decoded, not with ``max_context``;
+    * **plain**: numpy arrays in, fresh arrays out, the presents fed back as the next
+      pasts (graphs whose attention concatenates instead, e.g. a plain ``Attention``).
+
+    At construction a short probe (a 2-token prefill and one step) runs both ways; the
+    shared buffer is kept only if it gives the plain run's logits exactly, else (or if the
+    graph refuses the binding) the decoder stays plain. :attr:`shared_buffer` says which.
+
     Args:
         session: an ``onnxruntime.InferenceSession`` of the graph contract above.
-        max_context: largest total sequence length (prompt + generated) accepted.
+        max_context: largest total sequence length (prompt + generated) accepted (also the
+            KV buffers' length).
         head_dim: size of one attention head, when the graph leaves it symbolic (the
             builder's export names it ``kv_cache_dim``; the release states it).
+        io_binding: try the shared buffer (default True); False keeps the plain way.
 
     Raises:
         ValueError: the session does not follow the graph contract.
     """
 
-    def __init__(self, session, max_context: int = 2048, head_dim: int | None = None) -> None:
+    def __init__(self, session, max_context: int = 2048, head_dim: int | None = None,
+                 io_binding: bool = True) -> None:
         self.session = session
         self.max_context = int(max_context)
         ins = {i.name: i for i in session.get_inputs()}
-        if "input_ids" not in ins or "attention_mask" not in ins or "logits" not in \
-                [o.name for o in session.get_outputs()]:
+        outs = {o.name: o for o in session.get_outputs()}
+        if "input_ids" not in ins or "attention_mask" not in ins or "logits" not in outs:
             raise ValueError("the model is not a causal LM with input_ids/attention_mask -> logits")
         self.past_names = sorted((n for n in ins if _PAST.match(n)),
                                  key=lambda n: (int(_PAST.match(n).group(1)), _PAST.match(n).group(2)))
@@ -140,26 +163,96 @@ class KVDecoder:
             raise ValueError(f"past_key_values must be (batch, kv_heads, past, head_dim) with a known head_dim, "
                              f"got {shape} and head_dim {head_dim!r}")
         self.kv_heads, self.head_dim = int(shape[1]), int(head_dim)
-        self.output_names = [o.name for o in session.get_outputs()]
+        self.output_names = list(outs)
         # releases built since the logits_start input (sealfl.platform.llm.head) let the
         # caller skip the head for all but the last position; older graphs compute them all
         self.has_logits_start = "logits_start" in ins
         self.present_for = {n: n.replace("past_key_values.", "present.") for n in self.past_names}
-        missing = [p for p in self.present_for.values() if p not in self.output_names]
+        missing = [p for p in self.present_for.values() if p not in outs]
         if missing:
             raise ValueError(f"the model lacks present outputs {missing[:3]}")
+        vocab = (outs["logits"].shape or [None])[-1]
+        self._vocab = vocab if isinstance(vocab, int) and vocab > 0 else None
+        self._binding = None
+        self.shared_buffer = False
         self.reset()
+        if io_binding:
+            self.shared_buffer = self._try_shared_buffer()
+
+    # -- the two ways to run -----------------------------------------------------------
+
+    def _bind_shared(self) -> None:
+        import onnxruntime as ort
+
+        kv = {n: np.zeros((1, self.kv_heads, self.max_context, self.head_dim), dtype=np.float32)
+              for n in self.past_names}
+        values = {n: ort.OrtValue.ortvalue_from_numpy(a) for n, a in kv.items()}
+        b = self.session.io_binding()
+        for n, v in values.items():  # the same memory is the past and the present
+            b.bind_ortvalue_input(n, v)
+            b.bind_ortvalue_output(self.present_for[n], v)
+        self._kv, self._kv_values, self._binding = kv, values, b  # arrays kept alive with their OrtValues
+        self._mask = np.ones((1, self.max_context), dtype=np.int64)
+        self._row = self._row_value = None
+        if self._vocab is not None:
+            self._row = np.zeros((1, 1, self._vocab), dtype=np.float32)
+            self._row_value = ort.OrtValue.ortvalue_from_numpy(self._row)
+
+    def _try_shared_buffer(self) -> bool:
+        """Bind the shared buffer if a probe gives the plain logits exactly (class docstring)."""
+        probe = [0, 0]
+        if self.max_context < len(probe) + 1:
+            return False
+        try:
+            plain = [self.feed(probe, last_only=True), self.feed(probe[:1], last_only=True)]
+            self.reset()
+            self._bind_shared()
+            shared = [self.feed(probe, last_only=True), self.feed(probe[:1], last_only=True)]
+        except Exception:  # noqa: BLE001 -- onnxruntime refuses the binding: stay plain
+            shared = None
+        ok = shared is not None and all(a.shape == b.shape and np.array_equal(a, b) for a, b in zip(plain, shared))
+        if not ok:
+            self._binding = None
+        self.reset()
+        return ok
+
+    def _run_plain(self, arr: np.ndarray, total: int, last_only: bool) -> np.ndarray:
+        feed = {"input_ids": arr, "attention_mask": np.ones((1, total), dtype=np.int64), **self.past}
+        if self.has_logits_start:
+            feed["logits_start"] = np.array([-1 if last_only else 0], dtype=np.int64)
+        out = dict(zip(self.output_names, self.session.run(self.output_names, feed)))
+        self.past = {n: out[p] for n, p in self.present_for.items()}
+        return out["logits"][0]
+
+    def _run_shared(self, arr: np.ndarray, total: int, last_only: bool) -> np.ndarray:
+        b = self._binding
+        b.bind_cpu_input("input_ids", arr)
+        b.bind_cpu_input("attention_mask", self._mask[:, :total])
+        if self.has_logits_start:
+            b.bind_cpu_input("logits_start", np.array([-1 if last_only else 0], dtype=np.int64))
+        one_row = arr.shape[1] == 1 or (last_only and self.has_logits_start)
+        if one_row and self._row_value is not None:
+            b.bind_ortvalue_output("logits", self._row_value)
+            self.session.run_with_iobinding(b)
+            return self._row[0]
+        b.bind_output("logits", "cpu")  # every position (scoring, or a graph without logits_start)
+        self.session.run_with_iobinding(b)
+        return b.get_outputs()[len(self.past_names)].numpy()[0]
+
+    # -- API ---------------------------------------------------------------------------
 
     def reset(self) -> None:
         """Forget the sequence (empty KV cache)."""
         empty = np.zeros((1, self.kv_heads, 0, self.head_dim), dtype=np.float32)
-        self.past = {n: empty for n in self.past_names}
-        self.length = 0
+        self.past = {n: empty for n in self.past_names} if self._binding is None else {}
+        self.length = 0  # the shared buffer's positions past `length` are never read
 
-    def feed(self, ids, last_only: bool = False) -> np.ndarray:
+    def feed(self, ids, last_only: bool = False, copy: bool = True) -> np.ndarray:
         """Append token ids to the sequence; return their logits, float32 (len(ids), vocab),
         or (1, vocab) for the last id only with ``last_only`` (the graph then computes the
-        head for that position alone when it has the ``logits_start`` input).
+        head for that position alone when it has the ``logits_start`` input). With
+        ``copy=False`` the row may be a view of the decoder's own buffer, valid until the
+        next call (the decode loop's way: nothing is copied per step).
 
         Raises:
             ValueError: no ids, an id outside int64, or the context would exceed ``max_context``.
@@ -170,16 +263,13 @@ class KVDecoder:
         if self.length + arr.shape[1] > self.max_context:
             raise ValueError(f"context of {self.length + arr.shape[1]} tokens exceeds the limit of {self.max_context}")
         total = self.length + arr.shape[1]
-        feed = {"input_ids": arr, "attention_mask": np.ones((1, total), dtype=np.int64), **self.past}
-        if self.has_logits_start:
-            feed["logits_start"] = np.array([-1 if last_only else 0], dtype=np.int64)
-        out = dict(zip(self.output_names, self.session.run(self.output_names, feed)))
-        self.past = {n: out[p] for n, p in self.present_for.items()}
+        logits = (self._run_shared if self._binding is not None else self._run_plain)(arr, total, last_only)
         self.length = total
-        logits = out["logits"][0]
         if logits.shape[0] != (1 if last_only and self.has_logits_start else arr.shape[1]):
             raise ValueError(f"the model returned logits for {logits.shape[0]} positions, fed {arr.shape[1]}")
-        return logits[-1:] if last_only else logits
+        logits = logits[-1:] if last_only else logits
+        aliased = self._binding is not None and self._row is not None and np.may_share_memory(logits, self._row)
+        return logits.copy() if copy and aliased else logits
 
     def teacher_forced(self, ids, prefill: int) -> np.ndarray:
         """Logits for every position of ``ids`` computed as a device does: one prefill call

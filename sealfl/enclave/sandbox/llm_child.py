@@ -13,10 +13,20 @@ to change.
 Requests after ``init`` (one blob, the model bytes; reply: inputs/outputs, pid, network):
 
 * ``{"op": "generate", "prompt": [ids], "params": {...}, "stop_ids": [ids]}`` -- prefill
-  the prompt, then per token reply ``{"ok": true, "token": id}`` and wait for
-  ``{"op": "next"}`` (continue) or ``{"op": "stop"}`` (end; reply ``{"ok": true,
-  "stopped": true}``). A token in ``stop_ids`` ends the generation after its reply
-  (``"eos": true``); so does ``max_tokens``. The parent owns stop strings.
+  the prompt, then **stream**: one reply ``{"ok": true, "token": id, "eos": bool, "last":
+  bool}`` per token, without waiting for the parent, until ``"last": true`` (a token in
+  ``stop_ids`` -- ``"eos": true`` --, ``max_tokens`` or the context limit) or an error reply.
+  Between two tokens the child looks (without blocking) whether the parent wrote: a
+  ``{"op": "stop"}`` ends the generation with ``{"ok": true, "stopped": true}``, a
+  ``shutdown`` ends the child. A ``stop`` that arrives after the last token is answered
+  the same way, so the parent reads up to exactly one ``stopped`` reply per stop it sends.
+  The parent owns stop strings, detokenisation and client disconnects (it sends ``stop``).
+  The tokens of a stream are the tokens the lock-step protocol of earlier versions gave
+  (same prefill, same steps, same choice); only the waiting is gone.
+* the decoder runs the graph with one preallocated KV buffer bound as past and present
+  (:class:`~sealfl.enclave.sandbox.decode.KVDecoder`), the last position's logits in one
+  preallocated row, greedy argmax on that float32 row: per step one token id crosses the
+  pipe and nothing is copied in Python.
 * ``{"op": "score", "sequences": [[ids]...], "prefill": [n...], "top_k": k}`` -- teacher-
   forced logits computed as a generation computes them (prefill, then token by token);
   replies the top ``k`` ids and logits of every position (two .npy blobs per sequence).
@@ -27,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import select
 import sys
 from collections.abc import Sequence
 
@@ -60,6 +71,30 @@ def _top_k(logits, k: int):
 
     idx = np.argsort(-logits, axis=-1, kind="stable")[:, :k]
     return idx.astype(np.int64), np.take_along_axis(logits, idx, axis=-1).astype(np.float32)
+
+
+class _Requests:
+    """The parent's requests after ``init``, read from the raw pipe with a buffer of our own,
+    so the decode loop can ask :meth:`pending` without blocking. (Until ``init`` is answered
+    the parent writes nothing more, so the buffered stdin that read ``init`` holds nothing
+    beyond it.)"""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.buf = fd, bytearray()
+
+    def read_exact(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            chunk = os.read(self.fd, max(n - len(self.buf), 1 << 16))
+            if not chunk:
+                raise EOFError("parent closed the pipe")
+            self.buf += chunk
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out
+
+    def pending(self) -> bool:
+        """True if a request has (begun to) arrive(d)."""
+        return bool(self.buf) or bool(select.select([self.fd], [], [], 0)[0])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -118,7 +153,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     forbidden = sorted(m for m in sys.modules if m.split(".")[0] in rc.FORBIDDEN_MODULES + ("tokenizers", "sealfl"))
     send({"ok": True, "pid": os.getpid(), "inputs": rc._io_meta(session.get_inputs()),
           "outputs": rc._io_meta(session.get_outputs()), "network": network, "forbidden_modules": forbidden,
-          "onnxruntime": ort.__version__, "max_context": args.max_context})
+          "onnxruntime": ort.__version__, "max_context": args.max_context,
+          "shared_kv_buffer": decoder.shared_buffer})
+    requests = _Requests(stdin.fileno())
+    read_exact = requests.read_exact
     while True:
         try:
             header, blobs = rc.read_message(read_exact, cap)
@@ -132,8 +170,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if op == "ping":
                 send({"ok": True, "pid": os.getpid(), "network": network})
             elif op == "generate":
-                if _generate(header, decoder, dec, np, send, read_exact, cap) == "shutdown":
+                if _generate(header, decoder, dec, np, send, requests, cap) == "shutdown":
                     return 0
+            elif op == "stop":  # it arrived after the generation's last token
+                send({"ok": True, "stopped": True})
             elif op == "score":
                 seqs, prefill, k = header.get("sequences"), header.get("prefill"), int(header.get("top_k", 8))
                 if not isinstance(seqs, list) or not isinstance(prefill, list) or len(seqs) != len(prefill) \
@@ -154,8 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             send(rc._error(exc))
 
 
-def _generate(header, decoder, dec, np, send, read_exact, cap) -> str:
-    """Run one generation (module docstring); returns "done" or "shutdown"."""
+def _generate(header, decoder, dec, np, send, requests: _Requests, cap) -> str:
+    """Run one streamed generation (module docstring); returns "done" or "shutdown"."""
     prompt = header.get("prompt")
     stop_ids = set(int(i) for i in header.get("stop_ids", []))
     if not isinstance(prompt, list) or not prompt:
@@ -164,23 +204,23 @@ def _generate(header, decoder, dec, np, send, read_exact, cap) -> str:
     rng = np.random.default_rng(params.seed)
     decoder.reset()
     try:
-        logits = decoder.feed(prompt, last_only=True)[-1]
+        logits = decoder.feed(prompt, last_only=True, copy=False)[-1]
         for n in range(params.max_tokens):
             tok = dec.choose_token(logits, params, rng)
             last = tok in stop_ids or n + 1 == params.max_tokens or decoder.length + 1 > decoder.max_context
             send({"ok": True, "token": tok, "eos": tok in stop_ids, "last": last})
             if last:
                 return "done"
-            msg, _ = rc.read_message(read_exact, cap)
-            if msg.get("op") == "stop":
-                send({"ok": True, "stopped": True})
-                return "done"
-            if msg.get("op") == "shutdown":
-                send({"ok": True})
-                return "shutdown"
-            if msg.get("op") != "next":
-                raise ValueError(f"during a generation only next/stop/shutdown are allowed, got {msg.get('op')!r}")
-            logits = decoder.feed([tok], last_only=True)[-1]
+            if requests.pending():
+                msg, _ = rc.read_message(requests.read_exact, cap)
+                if msg.get("op") == "stop":
+                    send({"ok": True, "stopped": True})
+                    return "done"
+                if msg.get("op") == "shutdown":
+                    send({"ok": True})
+                    return "shutdown"
+                raise ValueError(f"during a generation only stop/shutdown are allowed, got {msg.get('op')!r}")
+            logits = decoder.feed([tok], last_only=True, copy=False)[-1]
         return "done"
     finally:
         decoder.reset()

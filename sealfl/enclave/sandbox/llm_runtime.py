@@ -40,9 +40,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sealfl.common.errors import plain_text
 from sealfl.enclave.errors import LLMInputError, RuntimeSandboxError
 from sealfl.enclave.sandbox import child as _rc
 from sealfl.enclave.sandbox.decode import SamplingParams
+from sealfl.enclave.sandbox.detokenize import IncrementalDetokenizer
 from sealfl.enclave.sandbox.runtime import DEFAULT_MEMORY_LIMIT_BYTES, SandboxedRuntime
 
 #: the child script (:mod:`sealfl.enclave.sandbox.llm_child`), run by path, never imported here
@@ -160,6 +162,46 @@ class _Child(SandboxedRuntime):
                "--max-context", str(self._max_context), "--head-dim", str(self._head_dim)]
         return cmd + self._parent_args()
 
+    # -- a streamed reply (generate): one request, then replies until the stream ends --
+
+    def post(self, header: dict) -> None:
+        """Write one request without waiting for a reply (read the replies with
+        :meth:`receive`). Raises RuntimeSandboxError if the child is closed, gone or does
+        not take the bytes within ``timeout_s`` (it is then killed)."""
+        if self._closed:
+            raise RuntimeSandboxError("sandboxed runtime is closed; start a new one")
+        message = _rc.encode_message(header)
+        with self._lock:
+            try:
+                self._write_all(message, time.monotonic() + self.timeout_s)
+            except TimeoutError as exc:
+                raise self._fail(f"did not read {header.get('op')!r} within {self.timeout_s:.1f} s and was killed") \
+                    from exc
+            except OSError as exc:
+                raise self._fail(f"exited before {header.get('op')!r} (crash or memory limit)", 1.0) from exc
+
+    def receive(self) -> dict:
+        """Read one reply header, waiting at most ``timeout_s``; an ``ok: false`` reply is
+        returned, not raised (the caller knows whether a stream ends with it).
+
+        Raises:
+            RuntimeSandboxError: the child is closed, exited, sent a malformed reply or none
+                in time (it is then killed).
+        """
+        if self._closed:
+            raise RuntimeSandboxError("sandboxed runtime is closed; start a new one")
+        with self._lock:
+            try:
+                reply, _ = _rc.read_message(self._read_exact_until(time.monotonic() + self.timeout_s),
+                                            self._max_reply)
+            except TimeoutError as exc:
+                raise self._fail(f"sent no generation reply within {self.timeout_s:.1f} s and was killed") from exc
+            except (EOFError, BrokenPipeError) as exc:
+                raise self._fail("exited during 'generate' (crash or memory limit)", 1.0) from exc
+            except (ValueError, OSError) as exc:
+                raise self._fail(f"sent a malformed reply to 'generate': {exc}") from exc
+        return reply
+
 
 class LLMRuntime:
     """Generate text with a verified causal-LM release (module docstring).
@@ -257,17 +299,20 @@ class LLMRuntime:
         t0 = time.perf_counter()
         first = None
         out: list[int] = []
-        emitted = 0
-        text = ""
-        finish = "length"
+        detok = IncrementalDetokenizer(self.tokenizer)
+        text, emitted, finish = "", 0, "length"
         stop_strings = params.stop
-        hold = max((len(s) for s in stop_strings), default=1) - 1
-        reply = child.send({"op": "generate", "prompt": ids, "params": params.to_dict(),
-                            "stop_ids": self.eos_token_ids})
-        waiting = True  # the child waits for next/stop after every reply but its last
+        longest = max((len(s) for s in stop_strings), default=1)
+        child.post({"op": "generate", "prompt": ids, "params": params.to_dict(), "stop_ids": self.eos_token_ids})
+        streaming = True  # the child sends tokens until its "last" one, an error, or our "stop"
         try:
             while True:
-                waiting = not reply.get("last")
+                reply = child.receive()
+                if not reply.get("ok"):
+                    streaming = False  # an error reply ends the stream
+                    raise RuntimeSandboxError(f"sandboxed runtime (pid {child.pid}) failed 'generate': "
+                                              f"{plain_text(str(reply.get('error', 'unknown error')))}")
+                streaming = not reply.get("last")
                 tok = reply.get("token")
                 if isinstance(tok, bool) or not isinstance(tok, int):
                     raise child.fail(f"sent a generation reply without a token: {reply}")
@@ -277,13 +322,19 @@ class LLMRuntime:
                     on_token(len(out))
                 if reply.get("eos"):
                     finish = "stop"
-                text = self.decode(out)
-                cut = min((text.find(s) for s in stop_strings if s in text), default=-1)
+                piece = detok.add(tok)
+                if finish == "stop" or not streaming:
+                    piece += detok.flush()
+                # only the new text (and the longest stop string's length before it) can hold
+                # the first occurrence: the text before it held none
+                start = max(0, len(text) - longest + 1)
+                text += piece
+                cut = min((i for i in (text.find(s, start) for s in stop_strings) if i >= 0), default=-1)
                 if cut >= 0:
                     text = text[:cut]
                     finish = "stop"
-                done = finish == "stop" or not waiting
-                safe = emit_limit(text, done, hold if stop_strings else 0)
+                done = finish == "stop" or not streaming
+                safe = emit_limit(text, done, longest - 1 if stop_strings else 0)
                 if on_text is not None and safe > emitted:
                     keep_going = on_text(text[emitted:safe])
                     emitted = safe
@@ -294,20 +345,27 @@ class LLMRuntime:
                     if cut < 0 and not reply.get("eos"):
                         finish = "length"
                     break
-                reply = child.send({"op": "next"})
-                waiting = False
         except BaseException:
-            if waiting and child.alive:
+            if streaming and child.alive:
                 try:
-                    child.send({"op": "stop"})
+                    self._stop_stream()
                 except RuntimeSandboxError:
                     pass
             raise
-        if waiting:
-            child.send({"op": "stop"})
-        if finish == "stop" and out and out[-1] in self.eos_token_ids:
-            text = self.decode(out)
+        if streaming:  # a stop string or the caller ended it: the child may be a few tokens ahead
+            self._stop_stream()
+        if finish == "cancelled":
+            text += detok.flush()  # the held-back bytes too, as the whole sequence decodes
         return GenerationResult(text, out, len(ids), len(out), finish, first or 0.0, time.perf_counter() - t0)
+
+    def _stop_stream(self) -> None:
+        """Tell the child to end the generation and read what it sent meanwhile up to its
+        ``stopped`` reply (it answers a stop exactly once, also one that arrives after its
+        last token)."""
+        child = self._child
+        child.post({"op": "stop"})
+        while not child.receive().get("stopped"):
+            pass
 
     def score(self, sequences: Sequence[Sequence[int]], prefill: Sequence[int], top_k: int = 8) -> list[tuple[np.ndarray, np.ndarray]]:
         """Teacher-forced top-``k`` ids (int64 (L, k)) and logits (float32 (L, k)) of each
@@ -319,8 +377,10 @@ class LLMRuntime:
         return list(zip(arrays[0::2], arrays[1::2]))
 
     def health_check(self) -> dict:
-        """Ping the child (see :meth:`SandboxedRuntime.health_check`)."""
-        return self._child.health_check()
+        """Ping the child (see :meth:`SandboxedRuntime.health_check`); waits for a running
+        generation to end (its replies share the pipe)."""
+        with self._lock:
+            return self._child.health_check()
 
     @property
     def alive(self) -> bool:

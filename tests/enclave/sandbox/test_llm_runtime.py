@@ -5,7 +5,7 @@ nothing but onnxruntime."""
 import numpy as np
 import pytest
 
-from sealfl.enclave.sandbox.decode import SamplingParams, choose_token
+from sealfl.enclave.sandbox.decode import KVDecoder, SamplingParams, choose_token
 from sealfl.enclave.sandbox.llm_runtime import ChatTemplate, LLMRuntime, emit_limit
 from tests.support.llm_tiny import HEAD_DIM, SMOL_TEMPLATE, TEXTS, encode, tiny_fp32_onnx, tokenizer_json
 
@@ -144,3 +144,58 @@ def test_kind_the_child_holds_only_onnxruntime(rt):
     # the runtime refuses a child that imported torch/tenseal/flwr/tokenizers/sealfl; here it
     # started, and it has a pid of its own
     assert rt.alive and rt.health_check()["pid"] == rt.pid
+
+
+def test_kind_generated_tokens_equal_a_plain_onnxruntime_decode(rt):
+    """The child's streamed decode (shared KV buffer, argmax on float32) against a decode by
+    hand in this process: numpy arrays in and out, no binding, no child."""
+    import onnxruntime as ort
+
+    plain = KVDecoder(ort.InferenceSession(tiny_fp32_onnx(), providers=["CPUExecutionProvider"]),
+                      max_context=64, head_dim=HEAD_DIM, io_binding=False)
+    for text in TEXTS[:3]:
+        ids = encode(text)
+        for params in (SamplingParams(max_tokens=14), SamplingParams(max_tokens=14, temperature=1.2, seed=4)):
+            rng, want = np.random.default_rng(params.seed), []
+            plain.reset()
+            logits = plain.feed(ids, last_only=True)[-1]
+            while len(want) < params.max_tokens:
+                tok = int(np.argmax(logits)) if params.temperature == 0 else choose_token(logits, params, rng)
+                want.append(tok)
+                if tok == 2:
+                    break
+                logits = plain.feed([tok], last_only=True)[-1]
+            r = rt.generate(ids, params)
+            assert r.token_ids == want and r.text == rt.decode(want)
+
+
+def test_kind_the_child_streams_without_waiting_and_answers_each_stop_once(rt):
+    child, ids = rt._child, encode(TEXTS[1])
+    greedy = SamplingParams(max_tokens=6).to_dict()
+    child.post({"op": "generate", "prompt": ids, "params": greedy, "stop_ids": []})
+    # nothing is sent back: a child that waited between tokens would send one and time out
+    replies = [child.receive() for _ in range(6)]
+    assert [x["last"] for x in replies] == [False] * 5 + [True]
+    child.post({"op": "stop"})  # after the last token: answered once, the pipe stays in step
+    assert child.receive() == {"ok": True, "stopped": True, "nblobs": 0}
+    child.post({"op": "generate", "prompt": ids, "params": SamplingParams(max_tokens=50).to_dict(), "stop_ids": []})
+    child.post({"op": "stop"})
+    seen = []
+    while not (x := child.receive()).get("stopped"):
+        seen.append(x)
+    assert len(seen) <= 50 and all("token" in x for x in seen)
+    cancelled = rt.generate(ids, SamplingParams(max_tokens=20), on_text=lambda piece: False)
+    assert cancelled.finish_reason == "cancelled" and cancelled.completion_tokens < 20
+    assert rt.generate(ids, SamplingParams(max_tokens=6)).token_ids == [x["token"] for x in replies]
+
+
+def test_kind_a_callback_that_raises_ends_the_stream_and_the_next_request_is_unaffected(rt):
+    ids, greedy = encode(TEXTS[2]), SamplingParams(max_tokens=10)
+    want = rt.generate(ids, greedy).token_ids
+
+    def boom(piece):
+        raise KeyError("client went away")
+
+    with pytest.raises(KeyError):
+        rt.generate(ids, SamplingParams(max_tokens=40), on_text=boom)
+    assert rt.alive and rt.generate(ids, greedy).token_ids == want
