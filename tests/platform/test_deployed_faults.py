@@ -13,11 +13,9 @@ Each case has a hard timeout, so a hang fails it instead of the suite.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
