@@ -33,6 +33,11 @@ pytestmark = pytest.mark.slow
 
 PARTNERS = list(HOSPITALS[:3])
 ROUNDS = 3
+#: --round-timeout of the fault cases: above a partner's slowest reply on a loaded 2-core box
+#: (round 1 took up to 110 s here with other engineers' jobs running), so only the faults are late
+ROUND_TIMEOUT_S = 150
+#: the late partner's extra wait before its round-1 training: past the round's timeout
+LATE_BY_S = ROUND_TIMEOUT_S + 20
 N_TRAIN = {p.name: p.n_train for p in load_partitions()}
 
 
@@ -69,7 +74,7 @@ class Federation:
         mark = out.read_text().count("SuperLink on") if out.exists() else 0
         self.procs["superlink"] = proc = _start(["superlink", "start", self.cons.dir / "superlink", "--port", self.port,
                                                  "--state", self.state], out)
-        _wait(lambda: out.read_text().count("SuperLink on") > mark or proc.poll() is not None, "the SuperLink", 120)
+        _wait(lambda: out.read_text().count("SuperLink on") > mark or proc.poll() is not None, "the SuperLink", 300)
         assert proc.poll() is None, out.read_text()
 
     def start_partner(self, p: str, extra_env: dict | None = None) -> None:
@@ -176,16 +181,16 @@ def _restart_partner(fed, p: str, extra_env: dict | None = None) -> None:
     fed.start_partner(p, extra_env)
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1500)
 def test_a_supernode_killed_mid_campaign_misses_rounds_as_absent_or_late_and_rejoins_when_started_again(fed):
     p = PARTNERS[1]
     out = fed.d / "killed-supernode"
-    camp = _start(["campaign", "run", "-c", fed.cons.dir, "--out", out, "--rounds", 4, "--round-timeout", 20,
+    camp = _start(["campaign", "run", "-c", fed.cons.dir, "--out", out, "--rounds", 4, "--round-timeout", ROUND_TIMEOUT_S,
                    "--superlink", fed.superlink], fed.d / "killed-supernode.out")
     cd = CampaignDir(out)
     _wait(_committed(cd, camp), "round 1", 400)
     _restart_partner(fed, p)  # killed during round 2
-    assert camp.wait(timeout=600) == 0, (fed.d / "killed-supernode.out").read_text()[-3000:]
+    assert camp.wait(timeout=1200) == 0, (fed.d / "killed-supernode.out").read_text()[-3000:]
     rounds = cd.rounds()
     assert [r["round"] for r in rounds] == [1, 2, 3, 4] and rounds[0]["accepted"] == sorted(PARTNERS)
     missed = [r for r in rounds if p not in r["accepted"]]
@@ -219,20 +224,20 @@ def test_the_superlink_killed_mid_campaign_and_started_again_on_its_database_the
     _assert_resumed_to_the_uninterrupted_model(fed, uninterrupted, out, first)
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1500)
 def test_a_partner_replying_after_the_round_closed_is_recorded_late_and_not_counted(fed):
     p = PARTNERS[2]
     pause = fed.d / "late-pause"
     pause.mkdir()
-    _restart_partner(fed, p, {"SEALFL_PAUSE_AT": "train@1", "SEALFL_PAUSE_DIR": str(pause), "SEALFL_PAUSE_FOR": "30"})
+    _restart_partner(fed, p, {"SEALFL_PAUSE_AT": "train@1", "SEALFL_PAUSE_DIR": str(pause), "SEALFL_PAUSE_FOR": str(LATE_BY_S)})
     _wait(lambda: _online(fed.home) == len(PARTNERS), f"{p} online again", 120)
     out = fed.d / "late"
-    run = _cli(["campaign", "run", "-c", fed.cons.dir, "--out", out, "--rounds", 2, "--round-timeout", 20,
-                "--superlink", fed.superlink], 600)
+    run = _cli(["campaign", "run", "-c", fed.cons.dir, "--out", out, "--rounds", 2, "--round-timeout",
+                ROUND_TIMEOUT_S, "--superlink", fed.superlink], 900)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
-    assert json.loads((pause / "train.reached").read_text())["round"] == 1  # its round-1 training waited 30 s
+    assert json.loads((pause / "train.reached").read_text())["round"] == 1  # its round-1 training waited
     first, second = CampaignDir(out).rounds()
-    assert p not in first["accepted"] and first["late"][p].startswith("train: no reply within the round's 20 s")
+    assert p not in first["accepted"] and first["late"][p].startswith(f"train: no reply within the round's {ROUND_TIMEOUT_S} s")
     assert "no reply to the train message within the deadline" in first["rejected"][p]
     assert first["total_weight"] == sum(N_TRAIN[q] for q in first["accepted"]) and len(first["accepted"]) == 2
     came = {**first.get("late_replies", {}), **second.get("late_replies", {})}
