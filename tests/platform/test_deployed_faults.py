@@ -26,6 +26,7 @@ from sealfl.clients.kit import kit_dir, load_kit
 from sealfl.platform import flwr_cli
 from sealfl.platform.campaign import CampaignSpec, run_campaign
 from sealfl.platform.consortium import create_consortium
+from sealfl.platform.errors import DeploymentError
 from sealfl.server.bookkeeping import CampaignDir
 from tests.platform.test_deployment import _env, _free_port, _online, _wait
 
@@ -50,6 +51,14 @@ def _start(args, out: Path, extra_env: dict | None = None) -> subprocess.Popen:
 def _cli(args, timeout_s: float) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "sealfl.platform.cli", *map(str, args)], capture_output=True,
                           text=True, env=_env(), timeout=timeout_s, stdin=subprocess.DEVNULL)
+
+
+def _online_now(home: Path) -> int:
+    """SuperNodes the SuperLink lists online; -1 while it does not answer (a restart, a loaded box)."""
+    try:
+        return _online(home)
+    except DeploymentError:
+        return -1
 
 
 class Federation:
@@ -101,7 +110,7 @@ def fed(tmp_path_factory):
         f.start_superlink()
         for p in PARTNERS:
             f.start_partner(p)
-        _wait(lambda: _online(f.home) == len(PARTNERS), f"{len(PARTNERS)} SuperNodes online", 120)
+        _wait(lambda: _online_now(f.home) == len(PARTNERS), f"{len(PARTNERS)} SuperNodes online", 120)
         yield f
     finally:
         f.stop_all()
@@ -177,7 +186,7 @@ def _restart_partner(fed, p: str, extra_env: dict | None = None) -> None:
     """kill -9 partner ``p``'s process, wait until the SuperLink sees its node offline (Flower
     1.42: two missed 30 s heartbeats at most; until then the same key is refused), start it again."""
     fed.kill(p)
-    _wait(lambda: _online(fed.home) == len(PARTNERS) - 1, f"{p}'s SuperNode offline", 180)
+    _wait(lambda: _online_now(fed.home) == len(PARTNERS) - 1, f"{p}'s SuperNode offline", 180)
     fed.start_partner(p, extra_env)
 
 
@@ -201,7 +210,7 @@ def test_a_supernode_killed_mid_campaign_misses_rounds_as_absent_or_late_and_rej
         assert ("not connected" in why) or p in r["late"], r
         assert r["total_weight"] == sum(N_TRAIN[q] for q in r["accepted"]) and len(r["accepted"]) == 2
     assert p in rounds[-1]["accepted"], [r["accepted"] for r in rounds]  # it rejoined
-    assert _online(fed.home) == len(PARTNERS)
+    assert _online_now(fed.home) == len(PARTNERS)
 
 
 @pytest.mark.timeout(900)
@@ -218,7 +227,7 @@ def test_the_superlink_killed_mid_campaign_and_started_again_on_its_database_the
     first = cd.read_status()
     assert first["status"] == "failed" and first["round"] in (1, 2), first
     assert "did not finish" in said.read_text()
-    _wait(lambda: _online(fed.home) == len(PARTNERS), "the SuperNodes back on the restarted SuperLink", 180)
+    _wait(lambda: _online_now(fed.home) == len(PARTNERS), "the SuperNodes back on the restarted SuperLink", 180)
     again = _resume(fed, out)
     assert f"resume will continue from round {first['round']} of {ROUNDS}" in " ".join(again.stdout.split())
     _assert_resumed_to_the_uninterrupted_model(fed, uninterrupted, out, first)
@@ -230,7 +239,7 @@ def test_a_partner_replying_after_the_round_closed_is_recorded_late_and_not_coun
     pause = fed.d / "late-pause"
     pause.mkdir()
     _restart_partner(fed, p, {"SEALFL_PAUSE_AT": "train@1", "SEALFL_PAUSE_DIR": str(pause), "SEALFL_PAUSE_FOR": str(LATE_BY_S)})
-    _wait(lambda: _online(fed.home) == len(PARTNERS), f"{p} online again", 120)
+    _wait(lambda: _online_now(fed.home) == len(PARTNERS), f"{p} online again", 120)
     out = fed.d / "late"
     run = _cli(["campaign", "run", "-c", fed.cons.dir, "--out", out, "--rounds", 2, "--round-timeout",
                 ROUND_TIMEOUT_S, "--superlink", fed.superlink], 900)
