@@ -110,7 +110,7 @@ def fed(tmp_path_factory):
         f.start_superlink()
         for p in PARTNERS:
             f.start_partner(p)
-        _wait(lambda: _online_now(f.home) == len(PARTNERS), f"{len(PARTNERS)} SuperNodes online", 120)
+        _wait(lambda: _online_now(f.home) == len(PARTNERS), f"{len(PARTNERS)} SuperNodes online", 300)
         yield f
     finally:
         f.stop_all()
