@@ -7,7 +7,8 @@ One SuperLink and three SuperNodes (each given only its own kit, in its own dire
 serve every case (the last one restarts the SuperLink); the uninterrupted reference is the
 same consortium's campaign in the simulation runtime (same seeds, same codec: packed BFV,
 so the final models must be equal bit for bit). Helpers: tests/platform/test_deployment.py.
-Each case has a hard timeout, so a hang fails it instead of the suite.
+Each case has a hard timeout on its own body (the module's start-up and the simulated
+reference are bounded by their own waits), so a hang fails it instead of the suite.
 """
 
 from __future__ import annotations
@@ -158,7 +159,7 @@ def _assert_resumed_to_the_uninterrupted_model(fed, uninterrupted, out: Path, fi
     return status
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(900, func_only=True)
 def test_a_coordinator_killed_in_round_2_resumes_on_the_superlink_to_the_uninterrupted_model(fed, uninterrupted):
     out = fed.d / "killed-coordinator"
     camp = _start(["campaign", "run", "-c", fed.cons.dir, "--out", out, "--rounds", ROUNDS, "--superlink",
@@ -190,7 +191,7 @@ def _restart_partner(fed, p: str, extra_env: dict | None = None) -> None:
     fed.start_partner(p, extra_env)
 
 
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(1500, func_only=True)
 def test_a_supernode_killed_mid_campaign_misses_rounds_as_absent_or_late_and_rejoins_when_started_again(fed):
     p = PARTNERS[1]
     out = fed.d / "killed-supernode"
@@ -215,7 +216,7 @@ def test_a_supernode_killed_mid_campaign_misses_rounds_as_absent_or_late_and_rej
     assert _online_now(fed.home) == len(PARTNERS)
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(900, func_only=True)
 def test_the_superlink_killed_mid_campaign_and_started_again_on_its_database_then_resumed(fed, uninterrupted):
     out = fed.d / "killed-superlink"
     said = fed.d / "killed-superlink.out"
@@ -235,7 +236,7 @@ def test_the_superlink_killed_mid_campaign_and_started_again_on_its_database_the
     _assert_resumed_to_the_uninterrupted_model(fed, uninterrupted, out, first)
 
 
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(1500, func_only=True)
 def test_a_partner_replying_after_the_round_closed_is_recorded_late_and_not_counted(fed):
     p = PARTNERS[2]
     pause = fed.d / "late-pause"
