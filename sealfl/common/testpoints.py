@@ -9,7 +9,8 @@ outcome. With the variable unset -- always, outside tests -- :func:`testpoint` r
 at once.
 
 ``SEALFL_PAUSE_AT`` is ``<stage>`` or ``<stage>@<round>`` (pause only in that training
-round). The environment reaches every process of a run: the CLI, the campaign worker,
+round). With ``SEALFL_PAUSE_FOR=<seconds>`` the pause is a delay instead: every arrival
+waits that long and goes on (a partner made late on purpose). The environment reaches every process of a run: the CLI, the campaign worker,
 Ray's raylet and the Ray workers that run the partners' handlers.
 
 Stages (where they sit):
@@ -45,10 +46,11 @@ log = logging.getLogger(__name__)
 
 ENV_STAGE = "SEALFL_PAUSE_AT"
 ENV_DIR = "SEALFL_PAUSE_DIR"
+ENV_FOR = "SEALFL_PAUSE_FOR"
 STAGES = ("before-ray", "train", "aggregate", "checkpoint", "gate-query", "slot-written", "slot-renamed",
           "state-written", "slots-pruned", "serve-boot", "serve-stream")
 
-__all__ = ["ENV_STAGE", "ENV_DIR", "STAGES", "parse_spec", "check_environment", "testpoint", "event_path"]
+__all__ = ["ENV_STAGE", "ENV_DIR", "ENV_FOR", "STAGES", "parse_spec", "check_environment", "testpoint", "event_path"]
 
 
 class TestpointError(SealflError):
@@ -85,10 +87,20 @@ def check_environment(environ: dict | None = None) -> tuple[str, int | None] | N
     if not spec:
         return None
     parsed = parse_spec(spec)
+    delay = env.get(ENV_FOR)
+    if delay is not None and not _is_delay(delay):
+        raise TestpointError(f"{ENV_FOR}={delay!r}: expected a number of seconds in (0, 86400]")
     d = env.get(ENV_DIR)
     if not d or not os.path.isdir(d):
         raise TestpointError(f"{ENV_STAGE} is set but {ENV_DIR}={d!r} is not an existing directory")
     return parsed
+
+
+def _is_delay(text: str) -> bool:
+    try:
+        return 0 < float(text) <= 86400
+    except ValueError:
+        return False
 
 
 def event_path(stage: str, directory: str | os.PathLike | None = None) -> str:
@@ -103,7 +115,7 @@ def testpoint(stage: str, round: int | None = None,  # noqa: A002 - "round" is t
     Pausing writes the event file (first process only) and blocks this thread forever;
     the test's signal to the supervisor ends the process tree. With ``until``, only the
     first arrival pauses (later ones find the event file and pass), and only until
-    ``until`` is set.
+    ``until`` is set. With ``SEALFL_PAUSE_FOR`` every arrival waits that many seconds.
     """
     spec = os.environ.get(ENV_STAGE)
     if not spec:
@@ -115,14 +127,19 @@ def testpoint(stage: str, round: int | None = None,  # noqa: A002 - "round" is t
     tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
     with open(tmp, "w") as fh:  # complete before it becomes visible under its name
         fh.write(json.dumps({"stage": stage, "round": round, "pid": os.getpid()}))
+    delay = os.environ.get(ENV_FOR)
     try:
         os.link(tmp, path)  # exactly one process publishes the event
     except FileExistsError:
-        if until is not None:
+        if until is not None and delay is None:
             return  # paused once already
         # another partner got here first; pause as well
     finally:
         os.unlink(tmp)
+    if delay is not None and _is_delay(delay):
+        log.warning("test pause point %r reached (round %s, pid %d): waiting %s s", stage, round, os.getpid(), delay)
+        (until or threading.Event()).wait(float(delay))
+        return
     log.warning("test pause point %r reached (round %s, pid %d): blocking until %s", stage, round, os.getpid(),
                 "released" if until is not None else "killed")
     (until or threading.Event()).wait()

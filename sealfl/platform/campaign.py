@@ -287,7 +287,7 @@ def prepare_campaign(spec: CampaignSpec) -> tuple[Consortium, CampaignDir]:
         num_rounds=spec.rounds, n_params=task.n_params, stats_length=task.stats_length,
         initial_params=task.init_params().tolist(), train=train_config(task, spec),
         timeout_s=spec.timeout_s, partners=list(cons.partners), partner_keys=partner_public_keys(cons),
-        max_examples=spec.max_examples,
+        max_examples=spec.max_examples, epoch=int(cd.status["epoch"]),
     )
     cd.write_config(config.to_dict())
     return cons, cd

@@ -29,7 +29,7 @@ from sealfl.platform.startup_kits import CA_FILE
 
 log = logging.getLogger(__name__)
 
-__all__ = ["run_deployed_campaign", "RUN_DIR"]
+__all__ = ["run_deployed_campaign", "stop_previous_run", "RUN_DIR"]
 
 #: inside the campaign directory: the app directory and FLWR_HOME of the submission
 RUN_DIR = "flwr"
@@ -123,21 +123,54 @@ def run_deployed_campaign(spec, on_round: Callable[[dict], None] | None = None, 
     return CampaignResult(cd.dir, status, cd.rounds(), seconds, {}, None)
 
 
-def _stop(run_id: int, home: Path, wait_s: float = 30.0) -> None:
+def _stop(run_id: int, home: Path, wait_s: float = 30.0) -> bool:
     """Stop the run on the SuperLink and wait (at most ``wait_s``) until it is finished, so
-    no ServerApp writes the campaign directory while it is levelled."""
+    no ServerApp writes the campaign directory while it is levelled. Returns True once the
+    SuperLink lists the run as finished (also a run that had finished before)."""
     try:
         flwr_cli.flwr_json(["stop", str(run_id), flwr_cli.CONNECTION], home, timeout_s=30.0)
-    except DeploymentError as exc:
-        log.warning("could not stop run %d on the SuperLink: %s", run_id, exc)
-        return
+    except DeploymentError as exc:  # e.g. the run had finished already: its state below says
+        log.info("flwr stop %d: %s", run_id, exc)
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
+    while True:
         try:
             state, _ = run_state(flwr_cli.flwr_json(["ls", flwr_cli.CONNECTION, "--run-id", str(run_id)], home), run_id)
-        except DeploymentError:
-            return
+        except DeploymentError as exc:
+            log.warning("cannot read the state of run %d: %s", run_id, exc)
+            return False
         if state.startswith("finished"):
-            return
+            return True
+        if time.monotonic() >= deadline:
+            log.warning("run %d was still %s %.0f s after the stop request", run_id, state, wait_s)
+            return False
         time.sleep(0.5)
-    log.warning("run %d was still running %.0f s after the stop request", run_id, wait_s)
+
+
+def stop_previous_run(cd, superlink: str, wait_s: float = 120.0) -> bool | None:
+    """Before ``campaign resume --superlink``: stop the campaign's previous run (``status.json``'s
+    ``deployment.run_id``) on ``superlink`` and wait until the SuperLink lists it finished.
+
+    Returns True (stopped or finished already), False (it could not be confirmed: the resume
+    goes on, fenced by the next run epoch, and a warning says so), None (no run recorded on
+    this SuperLink, or no connection written for it). Uses the connection the previous
+    submission wrote (``flwr/home`` in the campaign directory). Raises CampaignDirError
+    (status.json unreadable).
+    """
+    dep = cd.read_status().get("deployment")
+    if not isinstance(dep, dict) or not isinstance(dep.get("run_id"), int):
+        return None
+    if dep.get("superlink") != superlink:
+        log.warning("the campaign's previous run %s was on %s, not %s: not stopped from here (it is fenced out)",
+                    dep.get("run_id"), dep.get("superlink"), superlink)
+        return None
+    home = cd.dir / RUN_DIR / "home"
+    if not (home / "config.toml").is_file():
+        log.warning("no Flower connection in %s: run %d not stopped (it is fenced out)", home, dep["run_id"])
+        return None
+    ok = _stop(int(dep["run_id"]), home, wait_s)
+    if ok:
+        log.info("the campaign's previous run %d on %s is finished", dep["run_id"], superlink)
+    else:
+        log.warning("the campaign's previous run %d on %s could not be seen stopped; resuming anyway (its writes are "
+                    "refused from now on)", dep["run_id"], superlink)
+    return ok

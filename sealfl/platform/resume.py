@@ -13,7 +13,12 @@ run's (packed BFV: bit for bit).
 Refused (:func:`sealfl.server.campaign_files.resume_plan`, before anything is
 written): a finished campaign, one whose owner still runs, a damaged checkpoint, a
 campaign of another consortium. Flower 1.42 does not resume a run whose SuperLink
-died; with ``superlink`` the resumed campaign is submitted as a new run.
+died; with ``superlink`` the resumed campaign is submitted as a new run, after the
+campaign's previous run on that SuperLink is stopped (``flwr stop``) and seen finished
+(:func:`sealfl.platform.deployed.stop_previous_run`: a coordinator killed with -9 leaves
+its ServerApp running there). Whatever happens to that stop, the resume takes the next
+run epoch (:meth:`~sealfl.server.bookkeeping.CampaignDir.reopen`): a previous run still
+alive cannot write a round record, checkpoint or status any more.
 """
 
 from __future__ import annotations
@@ -73,8 +78,13 @@ def resume_campaign(campaign_dir: str | Path, consortium_dir: str | Path, *, ray
     if requested():
         raise Interrupted(requested(), f"resume stopped by {signal_name(requested())} before it started; "
                                        f"{campaign_dir} is unchanged")
-    rnd = cd.reopen(identity())
+    if superlink:  # the stopped campaign's run may still be alive on the SuperLink: stop it first
+        from sealfl.platform.deployed import stop_previous_run
+
+        stop_previous_run(cd, superlink)
+    rnd = cd.reopen(identity())  # the next run epoch: any run of the campaign still alive is fenced out
     config.resume_from = rnd
+    config.epoch = int(cd.status["epoch"])
     config.campaign_dir = str(cd.dir.resolve())
     cd.write_config(config.to_dict())
     log.info("resuming %s after round %d of %d", cd.dir, rnd, config.num_rounds)

@@ -39,7 +39,7 @@ from sealfl.he.framed import WIDE
 from sealfl.he.server_opt import ServerOpt
 from sealfl.server.aggregate import Validated, sum_chunks
 from sealfl.server.bookkeeping import CampaignDir
-from sealfl.server.errors import CampaignDirError, NotEnoughPartnersError, SecretKeyPresentError
+from sealfl.server.errors import CampaignDirError, NotEnoughPartnersError, SecretKeyPresentError, StaleRunError
 from sealfl.server.intake import Roster, screen
 from sealfl.server.strategy import EncryptedFedAvg
 from sealfl.server.streaming import StreamingGrid
@@ -77,6 +77,10 @@ class ServerConfig:
         resume_from: 0 for a new campaign; k > 0 for a resumed one (``sealfl campaign
             resume``): the app starts at round k + 1 from the checkpoint of round k (its
             encrypted global model and statistics), see :func:`resume_state`.
+        epoch: the run epoch this run may write the campaign directory under (``status.json``'s
+            ``epoch`` when the coordinator started or resumed it; 0: a directory from before
+            epochs). A run whose epoch is no longer the directory's stops at its next write
+            (:mod:`sealfl.server.bookkeeping`, fencing).
     """
 
     campaign_dir: str
@@ -97,6 +101,7 @@ class ServerConfig:
     max_loss: float = ReplyLimits.max_loss
     sum_shards: int = 0
     resume_from: int = 0
+    epoch: int = 0
 
     def limits(self) -> ReplyLimits:
         """The :class:`ReplyLimits` these settings give (raises ServerError if invalid)."""
@@ -229,7 +234,7 @@ def resume_state(rlog: CampaignDir, cfg: ServerConfig) -> ResumeState:
 def run_server(grid: Grid, cfg: ServerConfig) -> None:
     """The ServerApp body (see module docstring). Raises what the campaign failed on,
     after recording it in ``status.json``."""
-    rlog = CampaignDir(cfg.campaign_dir, cfg.num_rounds)
+    rlog = CampaignDir(cfg.campaign_dir, cfg.num_rounds, epoch=cfg.epoch)
     resume = resume_state(rlog, cfg) if cfg.resume_from else None
     rlog.begin(resumed_from=resume.round if resume else 0)
     try:
@@ -279,6 +284,9 @@ def run_server(grid: Grid, cfg: ServerConfig) -> None:
                        timeout=cfg.timeout_s,
                        train_config=ConfigRecord(_scalar(cfg.train)), evaluate_config=ConfigRecord(_scalar(cfg.train)))
         rlog.set_status(status="finished", finished=time.time())
+    except StaleRunError as exc:  # a newer run owns the directory: write nothing more
+        log.error("campaign run stopped: %s", exc)
+        raise
     except BaseException as exc:
         rlog.set_status(status="failed", error=f"{type(exc).__name__}: {exc}")
         log.error("campaign failed: %s", exc)

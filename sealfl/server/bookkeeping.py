@@ -21,6 +21,18 @@ status DIR --json`` prints the resulting ``state`` for scripts. ``started``, ``f
 and ``updated`` (the last write) are epoch seconds, each with an ISO 8601 UTC twin
 (``started_iso``, ...).
 
+**Fencing.** ``epoch`` in ``status.json`` is the run allowed to write: :meth:`CampaignDir.prepare`
+records the directory's previous epoch + 1, :meth:`CampaignDir.reopen` (``campaign
+resume``) the next one, and the aggregator is given its epoch in ``server_config.json``.
+Every aggregator write (:meth:`~CampaignDir.begin`, :meth:`~CampaignDir.set_status`,
+:meth:`~CampaignDir.end_round`) takes an exclusive ``flock`` on the directory, reads the
+epoch and writes only if :func:`~sealfl.server.campaign_files.fence_verdict` allows it;
+else it raises :class:`~sealfl.server.errors.StaleRunError` and writes nothing. ``reopen``
+raises the epoch under the same lock, so once it returns no older run writes here again,
+even one still alive on a SuperLink. The keys other processes own (``owner``,
+``deployment``, ``ray``, ``resumed``, ``epoch``) are taken from the file at each aggregator
+write, so the aggregator's copy of the status never overwrites them.
+
 Checkpoint (``np.savez``, uncompressed): ``model_ct`` uint8 (frame), ``model_weight``
 float64 (1,), ``stats_ct`` uint8 (frame), ``round`` int64 (1,), ``record`` uint8 (the
 round's JSON record, UTF-8).
@@ -45,7 +57,9 @@ Parsing every file back and deciding a campaign's state are pure functions in
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import fcntl
 import hashlib
 import json
 import logging
@@ -62,6 +76,7 @@ from sealfl.server.campaign_files import (
     ACTIVE,
     CHECKPOINT,
     CONFIG,
+    EPOCH,
     LOG,
     MAX_CONFIG_BYTES,
     MAX_STATUS_BYTES,
@@ -73,13 +88,14 @@ from sealfl.server.campaign_files import (
     ResumePlan,
     campaign_view,
     checkpoint_bytes,
+    fence_verdict,
     parse_checkpoint,
     parse_config,
     parse_records,
     parse_status,
     resume_plan,
 )
-from sealfl.server.errors import CampaignDirError
+from sealfl.server.errors import CampaignDirError, StaleRunError
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +107,9 @@ __all__ = ["CampaignDir", "Checkpoint", "CampaignView", "parse_status", "parse_c
 
 #: what a campaign directory may hold (a directory holding anything else is not taken for one)
 _CAMPAIGN_NAMES = {STATUS, ROUNDS, CONFIG, LOG, CHECKPOINT.split("/")[0], "report"}
+
+#: ``status.json`` keys written by processes other than the aggregator (coordinator, worker)
+_OUTSIDE_KEYS = ("owner", "deployment", "ray", "resumed", EPOCH)
 
 #: the epoch-second fields of ``status.json`` that get an ``<field>_iso`` twin
 _EPOCH_FIELDS = ("started", "finished", "updated")
@@ -112,11 +131,14 @@ class CampaignDir:
     Args:
         path: the campaign directory.
         num_rounds: rounds of the campaign (aggregator side).
+        epoch: the aggregator's run epoch (``server_config.json``'s ``epoch``): its writes are
+            fenced (module docstring). None: not fenced (the coordinator's side).
     """
 
-    def __init__(self, path: str | os.PathLike, num_rounds: int | None = None):
+    def __init__(self, path: str | os.PathLike, num_rounds: int | None = None, epoch: int | None = None):
         self.dir = Path(path)
         self.num_rounds = num_rounds
+        self.epoch = epoch
         self.status: dict[str, Any] = {"status": "running", "round": 0, "num_rounds": num_rounds, "error": None}
         self.current: dict[str, Any] = {}
         self._staged: Checkpoint | None = None
@@ -265,6 +287,7 @@ class CampaignDir:
                 raise CampaignDirError(f"{self.dir} holds {what} ({', '.join(foreign[:5])}"
                                        f"{', ...' if len(foreign) > 5 else ''}); a campaign writes into a new or "
                                        "empty directory: choose another --out")
+        old: dict = {}
         if self.exists():
             try:
                 old = self.read_status()
@@ -281,9 +304,11 @@ class CampaignDir:
         for p in [self.rounds_path, self.checkpoint_path, self.status_path, self.log_path, *self.temporaries()]:
             p.unlink(missing_ok=True)
         self.num_rounds = num_rounds
+        epoch = old.get(EPOCH) if isinstance(old.get(EPOCH), int) else 0
         self.status = {"status": "starting", "round": 0, "num_rounds": num_rounds, "error": None, "owner": owner,
-                       "started": time.time()}
-        self._write_status()
+                       "started": time.time(), EPOCH: epoch + 1}
+        with self._locked():
+            self._write_status()
 
     def recover(self) -> int:
         """After the writer died: delete temporaries, drop a partial last line of
@@ -322,17 +347,22 @@ class CampaignDir:
     def reopen(self, owner: dict) -> int:
         """Make a stopped campaign ready to resume (coordinator, after
         :meth:`plan_resume` allowed it and while no process writes here): :meth:`recover`,
-        then ``starting`` with ``owner``, the error cleared and ``resumed`` (a list of
-        ``{"at", "from_round", "previous_status"}``) extended. Returns the last finished round."""
-        rnd = self.recover()
-        prev = self.status.get("status")
-        resumed = self.status.get("resumed") if isinstance(self.status.get("resumed"), list) else []
-        for key in ("worker", "finished", "finished_iso", "stopped"):
-            self.status.pop(key, None)
-        self.num_rounds = self.status.get("num_rounds")
-        self.status.update(status="starting", error=None, owner=owner, round=rnd,
-                           resumed=[*resumed, {"at": time.time(), "from_round": rnd, "previous_status": prev}])
-        self._write_status()
+        then ``starting`` with ``owner``, the error cleared, the next run epoch (``epoch`` + 1:
+        every run of an older epoch is fenced out from here on, see the module docstring)
+        and ``resumed`` (a list of ``{"at", "from_round", "previous_status", "epoch"}``)
+        extended. Returns the last finished round; :attr:`status` holds the new epoch."""
+        with self._locked():
+            rnd = self.recover()
+            prev = self.status.get("status")
+            resumed = self.status.get("resumed") if isinstance(self.status.get("resumed"), list) else []
+            for key in ("worker", "finished", "finished_iso", "stopped"):
+                self.status.pop(key, None)
+            self.num_rounds = self.status.get("num_rounds")
+            epoch = (self.status.get(EPOCH) if isinstance(self.status.get(EPOCH), int) else 0) + 1
+            self.status.update(status="starting", error=None, owner=owner, round=rnd, **{EPOCH: epoch},
+                               resumed=[*resumed, {"at": time.time(), "from_round": rnd, "previous_status": prev,
+                                                   EPOCH: epoch}])
+            self._write_status()
         return rnd
 
     def mark_interrupted(self, signum: int) -> dict:
@@ -362,28 +392,40 @@ class CampaignDir:
     def begin(self, resumed_from: int = 0) -> None:
         """Start recording a run: keep what the coordinator wrote (owner, Ray), set
         ``running`` with this process as the worker (and as owner if there is none);
-        ``resumed_from``: the round a resumed campaign continues after (0: a new one)."""
-        try:
-            self.status = self.read_status()
-        except CampaignDirError:
-            self.status = {}
-        me = identity()
-        self.status.update(status="running", round=resumed_from, num_rounds=self.num_rounds, error=None, worker=me,
-                           server_has_secret_key=None)
-        self.status.setdefault("owner", me)
-        self.status.setdefault("started", time.time())
-        self._write_status()
+        ``resumed_from``: the round a resumed campaign continues after (0: a new one).
+
+        Raises:
+            StaleRunError: the directory's epoch is not this run's (nothing is written).
+        """
+        with self._fenced():
+            try:
+                self.status = self.read_status()
+            except CampaignDirError:
+                self.status = {}
+            me = identity()
+            self.status.update(status="running", round=resumed_from, num_rounds=self.num_rounds, error=None, worker=me,
+                               server_has_secret_key=None)
+            self.status.setdefault("owner", me)
+            self.status.setdefault("started", time.time())
+            self._write_status()
 
     def amend_status(self, **kw: Any) -> None:
         """Read ``status.json``, update ``kw`` and rewrite it (a writer other than the
         aggregator, e.g. the worker recording which Ray it runs on). Raises CampaignDirError."""
-        self.status = self.read_status()
-        self.set_status(**kw)
+        with self._locked():
+            self.status = self.read_status()
+            self.status.update(kw)
+            self._write_status()
 
     def set_status(self, **kw: Any) -> None:
-        """Update and atomically rewrite ``status.json``."""
-        self.status.update(kw)
-        self._write_status()
+        """Update and atomically rewrite ``status.json``.
+
+        Raises:
+            StaleRunError: fenced out (aggregator side, see the module docstring); nothing is written.
+        """
+        with self._fenced():
+            self.status.update(kw)
+            self._write_status()
 
     def note(self, **kw: Any) -> None:
         """Add fields to the record of the round in progress."""
@@ -398,24 +440,59 @@ class CampaignDir:
 
         Raises:
             CampaignDirError: no aggregate was staged for ``server_round``.
+            StaleRunError: fenced out (module docstring); nothing of the round is written.
         """
         staged = self._staged
         if staged is None or staged.round != server_round:
             raise CampaignDirError(f"round {server_round} ends without a staged aggregate; nothing to commit")
         rec = {"round": server_round, **self.current,
                "aggregate_sha256": hashlib.sha256(staged.model_ct).hexdigest()}
-        self._commit_checkpoint(Checkpoint(staged.round, staged.model_ct, staged.model_weight, staged.stats_ct, rec))
-        line = (json.dumps(rec) + "\n").encode()
-        fd = os.open(self.rounds_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, line)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        self.current, self._staged = {}, None
-        self.set_status(round=server_round)
+        with self._fenced():  # the whole commit under one lock: a resume waits for it, or fences it out
+            self._commit_checkpoint(Checkpoint(staged.round, staged.model_ct, staged.model_weight, staged.stats_ct,
+                                               rec))
+            line = (json.dumps(rec) + "\n").encode()
+            fd = os.open(self.rounds_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            self.current, self._staged = {}, None
+            self.status["round"] = server_round
+            self._write_status()
 
     # -- writing ------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _locked(self):
+        """Hold an exclusive ``flock`` on the campaign directory (not re-entrant: the
+        public writers take it once, the private helpers never)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    @contextlib.contextmanager
+    def _fenced(self):
+        """:meth:`_locked`, and for an aggregator (``epoch`` set): refuse unless the
+        directory's epoch is this run's, and take the keys other processes own from the file."""
+        with self._locked():
+            if self.epoch is not None:
+                try:
+                    disk = self.read_status() if self.status_path.exists() else {}
+                except CampaignDirError as exc:
+                    raise StaleRunError(f"{self.dir}: {exc}; this run's writes are refused") from exc
+                why = fence_verdict(disk.get(EPOCH), self.epoch)
+                if why is not None:
+                    log.error("%s: %s", self.dir, why)
+                    raise StaleRunError(f"{self.dir}: {why}")
+                for key in _OUTSIDE_KEYS:
+                    if key in disk:
+                        self.status[key] = disk[key]
+            yield
 
     def _write_status(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)

@@ -36,7 +36,7 @@ _CKPT_ARRAYS = {"model_ct": (np.uint8, None), "model_weight": (np.float64, (1,))
 
 __all__ = ["STATUS", "ROUNDS", "CHECKPOINT", "CONFIG", "LOG", "STATES", "ACTIVE", "MAX_STATUS_BYTES", "MAX_CONFIG_BYTES", "parse_config",
            "parse_status", "Checkpoint", "checkpoint_bytes", "parse_checkpoint", "parse_records",
-           "CampaignView", "campaign_view", "ResumePlan", "resume_plan"]
+           "CampaignView", "campaign_view", "ResumePlan", "resume_plan", "EPOCH", "fence_verdict"]
 
 
 _PID_MAX = 2**62  # larger than any pid_max (2^22 on Linux): a cap on a hostile number, not a pid rule
@@ -97,7 +97,37 @@ def parse_status(data: bytes, where: str = STATUS) -> dict:
         if status.get(key) is not None:
             _check_identity(fields, status[key], key)
     _optional(fields, status, "pid", "integer", lo=1, hi=_PID_MAX)
+    _optional(fields, status, EPOCH, "integer", lo=0, hi=_MAX_ROUND)
     return status
+
+
+#: ``status.json``'s run epoch: the fencing token of the run allowed to write the campaign
+EPOCH = "epoch"
+
+
+def fence_verdict(current_epoch: Any, writer_epoch: int) -> str | None:
+    """May a run of epoch ``writer_epoch`` write the campaign directory whose
+    ``status.json`` holds ``current_epoch``? None: yes; else why not (one sentence). Pure.
+
+    The fencing token of Kleppmann's "How to do distributed locking" (2016) and of
+    ZooKeeper's epochs: ``campaign run`` records epoch 1, every ``campaign resume`` the
+    next one, and a run is given its epoch in ``server_config.json`` when it starts. A run
+    still alive after a newer one took over (a ServerApp left on a SuperLink after its
+    coordinator died) holds an older epoch and is refused every write -- round record,
+    checkpoint, status. A directory written before epochs existed reads as epoch 0 (the
+    run's configuration then says 0 too). A newer epoch than the directory's is refused
+    as well: the directory was replaced (``--overwrite``) under the run.
+    """
+    current = 0 if current_epoch is None else current_epoch
+    if isinstance(current, bool) or not isinstance(current, int) or current < 0:
+        return f"status.json's {EPOCH} is {current_epoch!r}, not a run epoch; the directory was edited"
+    if writer_epoch == current:
+        return None
+    if writer_epoch < current:
+        return (f"this run has epoch {writer_epoch} but the campaign was taken over by run epoch {current} "
+                "(campaign resume); this run's writes are refused and it stops")
+    return (f"this run has epoch {writer_epoch} but the campaign directory records epoch {current} (replaced "
+            "under the run); this run's writes are refused and it stops")
 
 
 @dataclass(frozen=True)

@@ -38,3 +38,9 @@ class ReplyStreamError(ServerError, ValueError):
 class CampaignDirError(ServerError):
     """A file of the campaign directory (``status.json``, ``rounds.jsonl``, the checkpoint)
     is missing, malformed or inconsistent; the message names the file and the field."""
+
+
+class StaleRunError(CampaignDirError):
+    """A run of the campaign tried to write after a newer run took the campaign over
+    (``campaign resume`` raised the directory's epoch): nothing of it was written, and
+    the stale run stops (:func:`sealfl.server.campaign_files.fence_verdict`)."""

@@ -25,9 +25,12 @@ release gate's query round) passes the messages it sent and the replies it got t
 7. **one reply per partner**: a second accepted reply for the same partner is refused;
 8. the reply kind's own checks (``parse``).
 
-Messages that got no reply by the deadline are recorded too ("no reply"). A refused
-reply is logged (partner, node ids, reason) and returned in ``rejected``; the caller
-records it in ``rounds.jsonl`` and goes on while ``min_partners`` remain.
+Messages that got no reply by the deadline are recorded too ("no reply"), and listed in
+``Screened.unanswered``: the partner is *late*. Its reply may still reach the SuperLink
+after the round closed (Flower keeps a message for its TTL, 12 h); :func:`collect_late`
+pulls such replies later by message id, so they are recorded as late and never counted.
+A refused reply is logged (partner, node ids, reason) and returned in ``rejected``; the
+caller records it in ``rounds.jsonl`` and goes on while ``min_partners`` remain.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from sealfl.server.errors import ReplyError, ServerError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Roster", "Screened", "screen"]
+__all__ = ["Roster", "Screened", "screen", "Overdue", "collect_late"]
 
 #: the SuperLink's own node id (flwr.common.constant.SUPERLINK_NODE_ID in flwr 1.42)
 SUPERLINK_NODE_ID = 1
@@ -150,11 +153,14 @@ class Screened:
         rejected: partner (or ``node-<id>``) -> reason, for every refused reply and
             every message that got no reply.
         nodes: partner -> node id of the accepted replies.
+        unanswered: message id -> partner (or ``node-<id>``) of the messages that got no
+            reply by the deadline (late partners; also in ``rejected``).
     """
 
     accepted: dict[str, Any] = field(default_factory=dict)
     rejected: dict[str, str] = field(default_factory=dict)
     nodes: dict[str, int] = field(default_factory=dict)
+    unanswered: dict[str, str] = field(default_factory=dict)
 
 
 def _claimed_name(content: Any) -> str:
@@ -256,6 +262,41 @@ def screen(replies: Iterable[Any], sent: Sequence[Any], roster: Roster, parse: C
         if mid not in answered:
             dst = msg.metadata.dst_node_id
             refuse(roster.label(dst), f"no reply to the {phase} message within the deadline", SUPERLINK_NODE_ID, dst)
+            out.unanswered[mid] = roster.label(dst)
+    return out
+
+
+@dataclass(frozen=True)
+class Overdue:
+    """A message whose round closed without its reply: who it went to, in which phase and round."""
+
+    partner: str
+    phase: str
+    round: int
+
+
+def collect_late(grid: Any, overdue: dict[str, Overdue]) -> dict[str, str]:
+    """Pull, once, the replies that came for ``overdue`` messages after their round closed
+    (``grid.pull_messages``); each found is removed from ``overdue`` (in place) and returned
+    as ``{partner: why}`` for the round log. None of them counts: they are read only to be
+    recorded. A failing pull is logged and returns ``{}`` (the campaign goes on)."""
+    if not overdue:
+        return {}
+    try:
+        got = list(grid.pull_messages(list(overdue)))
+    except Exception as exc:  # noqa: BLE001 - recording lateness never stops a campaign
+        log.warning("could not pull late replies: %s", exc)
+        return {}
+    out: dict[str, str] = {}
+    for reply in got:
+        o = overdue.pop(reply.metadata.reply_to_message_id, None)
+        if o is None:
+            continue
+        what = "an error reply" if reply.has_error() else "its reply"
+        out[o.partner if o.partner not in out else f"{o.partner}#{len(out) + 1}"] = (
+            f"{what} to the {o.phase} message of round {o.round} came after that round closed; not counted")
+        log.warning("partner %s: %s to the %s message of round %d came after the round closed; not counted",
+                    o.partner, what, o.phase, o.round)
     return out
 
 

@@ -44,7 +44,7 @@ from sealfl.he.framed import PACKED
 from sealfl.server.aggregate import RunningSum
 from sealfl.server.bookkeeping import CampaignDir
 from sealfl.server.errors import NotEnoughPartnersError, SecretKeyPresentError, ServerError
-from sealfl.server.intake import Roster, screen
+from sealfl.server.intake import Overdue, Roster, collect_late, screen
 from sealfl.server.sharded import ray_cpus, shard_count, sharded_sum
 from sealfl.server.validation import ReplyLimits, parse_eval_reply, parse_train_reply
 
@@ -149,6 +149,8 @@ class EncryptedFedAvg(FedAvg):
         self._sent: list[Message] = []
         self._absent: dict[str, str] = {}
         self._last: tuple[bytes, float] | None = None  # the last published aggregate (DP: kept over a skipped round)
+        self._overdue: dict[str, Overdue] = {}  # messages whose round closed without their reply
+        self._late: dict[str, str] = {}  # this round's late partners (no reply by the deadline)
 
     def resume_with(self, model_ct: bytes, model_weight: float) -> None:
         """A resumed campaign: the checkpoint's aggregate is the last published one (what a
@@ -159,8 +161,23 @@ class EncryptedFedAvg(FedAvg):
         log.info("EncryptedFedAvg: HE %s, %d parameters, min_partners=%d", self.codec.params.to_dict(),
                  self.n_params, self.min_partners)
 
+    def _record_late(self, grid: Grid, screened=None, phase: str = "", server_round: int = 0) -> None:
+        """Lateness for ``rounds.jsonl``: ``late`` (who had not answered by the deadline, per
+        phase) and ``late_replies`` (replies to an earlier closed round that came since)."""
+        if screened is not None:
+            for mid, who in screened.unanswered.items():
+                self._overdue[mid] = Overdue(who, phase, server_round)
+                self._late[who] = (f"{self._late[who]}; " if who in self._late else "") + \
+                    f"{phase}: no reply within the round's {self.wait_s:g} s"
+            if self.round_log is not None and self._late:
+                self.round_log.note(late=dict(self._late))
+        came = collect_late(grid, self._overdue) if grid is not None else {}
+        if came and self.round_log is not None:
+            self.round_log.note(late_replies={**self.round_log.current.get("late_replies", {}), **came})
+
     def _configure(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid,
                    message_type: str, phase: str) -> list[Message]:
+        self._record_late(grid)
         nodes, self._absent = connected_partner_nodes(grid, self.roster, self.min_partners, self.wait_s, phase)
         config["server-round"] = server_round
         record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
@@ -174,6 +191,7 @@ class EncryptedFedAvg(FedAvg):
         """Train messages to every connected bound partner node (see module docstring)."""
         server_round += self.round_offset
         self._t_round = time.perf_counter()
+        self._late = {}
         if P.STATS_CT in arrays:
             self.stats_ct = P.from_u8(arrays[P.STATS_CT].numpy())
             self.stats_n = arrays[P.STATS_N].numpy()
@@ -206,6 +224,7 @@ class EncryptedFedAvg(FedAvg):
                                            declared_n=roster.n_train[p], signed=roster.signed,
                                            running=None if shards > 1 else running, defer_ciphertext=shards > 1),
             phase="train")
+        self._record_late(None, screened, "train", server_round)
         rejected = {**self._absent, **screened.rejected}
         sharded_ct = None
         if shards > 1:  # the chunks' checks run in the shards; a refusal there refuses the reply whole
@@ -289,6 +308,7 @@ class EncryptedFedAvg(FedAvg):
             replies, self._sent, roster,
             lambda p, c: parse_eval_reply(c, limits=self.limits, expected_n=roster.n_test.get(p), signed=roster.signed),
             phase="evaluate")
+        self._record_late(None, screened, "evaluate", server_round)
         per: dict[str, dict] = {}
         for p in sorted(screened.accepted):
             r = screened.accepted[p]

@@ -269,3 +269,41 @@ def test_kind_plaintext_candidates_go_only_to_nodes_bound_to_a_partner(consortiu
     assert set(result["sent_to"].values()) == partner_nodes
     stranger, unknown = f"{C}? (node-{stranger_node})", f"node-{grid.node_ids[4]}"
     assert "does not verify" in result["failed"][stranger] and "partition-id" in result["failed"][unknown]
+
+
+class _LateGrid(FakeGrid):
+    """Holds node ``late``'s round-1 train reply back until the round's next delivery (the
+    evaluate messages): it reaches the SuperLink after the train round closed."""
+
+    def __init__(self, *a, late: int, **kw):
+        super().__init__(*a, **kw)
+        self.late, self.held = late, []
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        kind = messages[0].metadata.message_type if messages else ""
+        if self.held and kind != "train":
+            for reply in self.held:
+                self._ready.setdefault(reply.metadata.reply_to_message_id, []).append(reply)
+            self.held = []
+        ids = super().push_messages(messages)
+        if kind == "train" and not any(m.metadata.message_type == "evaluate" for m in self.sent[:-len(messages)]):
+            for m in messages:
+                if m.metadata.dst_node_id == self.late:
+                    self.held += self._ready.pop(m.metadata.message_id, [])
+        return ids
+
+
+def test_kind_a_reply_after_the_round_closed_is_recorded_late_and_not_counted(consortium, tmp_path, server_identity):
+    cons, _ = consortium
+    grid = _LateGrid(str(cons.dir), 4, late=101 + 7 * 1)  # Hungary's node
+    recs, status, out = _run(consortium, tmp_path, rounds=2, grid=grid, timeout_s=1.0)
+    assert status["status"] == "finished"
+    first, second = recs
+    assert first["late"] == {H: "train: no reply within the round's 1 s"}
+    assert "no reply to the train message within the deadline" in first["rejected"][H]
+    assert first["accepted"] == [C, S, V] and first["total_weight"] == sum(N_TRAIN[p] for p in (C, S, V))
+    assert H in first["per_partner"]  # its evaluate reply was on time
+    assert second["late_replies"] == {H: "its reply to the train message of round 1 came after that round closed; "
+                                         "not counted"}
+    assert "late" not in second and second["accepted"] == [C, H, S, V]

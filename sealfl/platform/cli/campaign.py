@@ -45,6 +45,10 @@ def run(
     dp_trust: int = typer.Option(0, help="DP: t, partners that may skip their noise share or collude; shares are "
                                  "sized for k - t honest partners (k = --min-partners)."),
     dp_sampling_rate: float = typer.Option(0.1, help="DP: each record's Poisson inclusion probability per round."),
+    round_timeout: float = typer.Option(600.0, "--round-timeout", min=1.0, max=1e6,
+                                        help="Seconds each round waits for the partners' replies (and for partners "
+                                             "to connect); a partner that has not answered by then is recorded as "
+                                             "late in rounds.jsonl and its reply does not count."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier campaign in --out."),
     ray_address: RayAddress = None,
     superlink: Superlink = None,
@@ -72,7 +76,7 @@ def run(
             spec = CampaignSpec(str(consortium), str(out), rounds=rounds, local_epochs=local_epochs, lr=lr,
                                 min_partners=min_partners, ray_address=ray_address, overwrite=overwrite,
                                 flower_log_level="INFO" if VERBOSE["on"] else "WARNING", server_opt=opt,
-                                proximal_mu=proximal_mu, dp=dp, superlink=superlink)
+                                proximal_mu=proximal_mu, dp=dp, superlink=superlink, timeout_s=round_timeout)
             if prepare_only:
                 _prepare_only(spec)
                 return
