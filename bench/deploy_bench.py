@@ -7,7 +7,9 @@ start``, each with its own kit) on 127.0.0.1, ``sealfl campaign run --superlink`
 (``sealfl campaign run``). Per runtime: the median ``round_seconds`` over the rounds after the
 first, and the ciphertext bytes the aggregator received per partner per round. Against the
 deployment run, the bytes Flower's SuperLink counted (``flwr ls`` network traffic: inbound,
-i.e. every reply including statistics and evaluation rounds) per partner per message round.
+i.e. every reply including the statistics round and the last round's evaluation) per partner
+per message round (a campaign sends one train message per partner per round, each carrying
+the previous round's evaluation, plus one evaluate message after the last round).
 
 Run: ``.venv/bin/python bench/deploy_bench.py [--rounds 4]`` (~3 min here). Prints a table and
 writes ``bench/results/deploy.json``. Ratios are of two runtimes in the same run; the
@@ -107,8 +109,8 @@ def main() -> None:
     d_rounds, s_rounds = _rounds(work / "deployed"), _rounds(work / "simulated")
     d_med, s_med = _median_round(d_rounds), _median_round(s_rounds)
     ct_in = statistics.median(r["ciphertext_bytes_in"] for r in d_rounds) / len(HOSPITALS)
-    # message rounds: statistics + (train + evaluate) per round
-    flower_in = traffic["network-traffic"]["inbound-bytes"] / len(HOSPITALS) / (1 + 2 * args.rounds)
+    # message rounds: statistics + one train per round (each with the previous round's evaluation) + the last evaluate
+    flower_in = traffic["network-traffic"]["inbound-bytes"] / len(HOSPITALS) / (1 + args.rounds + 1)
     res = {
         "rounds": args.rounds, "partners": len(HOSPITALS), "he": "bfv", "task": "heart",
         "deployment_round_s": d_med, "simulation_round_s": s_med, "deployment_over_simulation": d_med / s_med,
