@@ -79,7 +79,7 @@ def main() -> None:
     try:
         t0 = time.monotonic()
         while "SuperLink on" not in (work / "superlink.out").read_text():
-            if procs[0].poll() is not None or time.monotonic() - t0 > 120:
+            if procs[0].poll() is not None or time.monotonic() - t0 > 900:  # registering 4 keys took minutes when loaded
                 raise SystemExit(f"the SuperLink did not start: {(work / 'superlink.out').read_text()}")
             time.sleep(0.5)
         for p in HOSPITALS:
