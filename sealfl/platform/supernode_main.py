@@ -23,7 +23,7 @@ those sleeps (its source), so a Flower upgrade that moves them fails loudly here
 ``tests/platform/test_supernode_main.py``) instead of silently keeping Flower's waits.
 
 Cost: an idle SuperNode pulls every :data:`IDLE_PULL_S` seconds instead of every 3 s (one
-small HTTPS request to the SuperLink).
+small HTTPS request to the SuperLink each time).
 """
 
 from __future__ import annotations
@@ -41,8 +41,10 @@ __all__ = ["IDLE_PULL_S", "REPLY_POLL_S", "FLWR_WAITS", "Waits", "patch", "main"
 
 log = logging.getLogger(__name__)
 
-#: seconds between two pulls of an idle SuperNode (Flower 1.42: 3 s)
-IDLE_PULL_S = 0.2
+#: seconds between two pulls of an idle SuperNode (Flower 1.42: 3 s); a message waits half of
+#: it on average before its partner sees it, and every idle SuperNode costs the SuperLink
+#: 1 / IDLE_PULL_S requests a second
+IDLE_PULL_S = 0.5
 #: seconds between two looks for the ClientApp's reply in the SuperNode (Flower 1.42: 0.5 s)
 REPLY_POLL_S = 0.05
 #: Flower's sleep (seconds) -> ours, and the function of start_client_internal.py that sleeps it
