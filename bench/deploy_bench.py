@@ -87,7 +87,7 @@ def main() -> None:
                                   work / f"sn-{kit_dir(cons.dir, p).name}.log"], work / f"partner-{p}.out"))
         home = work / "sl" / "flwr-home"
         while sum(n.get("status") == "online"
-                  for n in flwr_cli.flwr_json(["supernode", "ls", flwr_cli.CONNECTION], home).get("nodes", [])) < 4:
+                  for n in flwr_cli.flwr_json(["supernode", "ls", flwr_cli.CONNECTION], home, timeout_s=300).get("nodes", [])) < 4:
             if time.monotonic() - t0 > 900:  # generous: on a loaded 2-core box importing flwr alone took ~1 min
                 raise SystemExit("4 SuperNodes did not come online")
             time.sleep(1)
@@ -96,7 +96,7 @@ def main() -> None:
         if dep.wait() != 0:
             raise SystemExit((work / "deployed.out").read_text())
         run_id = json.loads((work / "deployed" / "status.json").read_text())["deployment"]["run_id"]
-        traffic = flwr_cli.flwr_json(["ls", flwr_cli.CONNECTION, "--run-id", str(run_id)], home)["runs"][0]
+        traffic = flwr_cli.flwr_json(["ls", flwr_cli.CONNECTION, "--run-id", str(run_id)], home, timeout_s=300)["runs"][0]
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)
