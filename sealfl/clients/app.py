@@ -9,6 +9,9 @@ Handlers:
   step, :mod:`sealfl.he.server_opt`), train locally, reply with E((n / N) · [w_local,
   optimizer state]) only (N: the declared total of the statistics round,
   :func:`sealfl.he.decrypted.update_share`) -- no plaintext weights leave the partner.
+  When the round's config names ``evaluate-round`` k > 0, the global model it received is
+  round k's aggregate: the partner evaluates it first, as ``evaluate`` would, and the
+  reply carries those metrics too (``"evaluation"``, :mod:`sealfl.common.protocol`).
 - ``evaluate``: decrypt the global model, evaluate on the local test split, reply with
   plaintext metrics (accuracy, loss, counts).
 
@@ -137,8 +140,8 @@ def decode_global_state(record: ArrayRecord, kit: PartnerKit, task=None, opt: Se
     (``opt.wire_length(P) - P`` values, :class:`sealfl.he.server_opt.ServerOpt`; empty
     for FedAvg, the default ``opt``).
 
-    The same global record reaches every partner twice (the evaluate round of round t and
-    the train round of t+1) and, in simulation, several partners share a process: the
+    The same global record may reach a partner more than once (a round the server
+    optimizer or DP skipped, the release gate's query) and, in simulation, several partners share a process: the
     last :data:`_DECODED_MAX` successful decodings are kept per process, keyed by the
     SHA-256 of the context, the task, the optimizer and every array of the record (a
     decoding depends on nothing else). Failures are not kept: a bad record is refused
@@ -318,6 +321,7 @@ def handle_train(msg: Message, context: Context, consortium_dir: str | None = No
     kit, task, name, cfg, data, (params, mean, std, state) = _open_round(msg, context, consortium_dir)
     rnd = int(cfg.get("server-round", 0))
     testpoint("train", rnd)
+    evaluation = _evaluation(task, params, data, mean, std) if int(cfg.get(P.EVALUATE_ROUND, 0)) > 0 else None
     n = task.n_train(data)
     dpc = round_dp(cfg, context.node_config)
     if dpc is not None:
@@ -333,6 +337,8 @@ def handle_train(msg: Message, context: Context, consortium_dir: str | None = No
         P.UPDATE: ArrayRecord({P.UPDATE_CT: _array(blob)}),
         P.METRICS: MetricRecord({P.NUM_EXAMPLES: int(n), P.TRAIN_LOSS: loss}),
     })
+    if evaluation is not None:  # the previous round's aggregate, evaluated before training from it
+        content[P.EVALUATION] = evaluation
     return Message(content=sign_reply(kit, msg, content), reply_to=msg)
 
 
@@ -377,15 +383,19 @@ def _dp_train(kit: PartnerKit, task, data, params, mean, std, cfg, dpc: DPConfig
 def handle_evaluate(msg: Message, context: Context, consortium_dir: str | None = None) -> Message:
     """``evaluate`` handler: decrypt the global model, reply local test metrics."""
     kit, task, name, cfg, data, (params, mean, std, _state) = _open_round(msg, context, consortium_dir)
+    content = RecordDict({P.METRICS: _evaluation(task, params, data, mean, std)})
+    return Message(content=sign_reply(kit, msg, content), reply_to=msg)
+
+
+def _evaluation(task, params, data, mean, std) -> MetricRecord:
+    """The global model ``params`` scored on the local test split: ``num-examples``,
+    ``accuracy`` (= correct / n), ``loss`` (rounded to the metric grid) and ``correct``."""
     m = task.evaluate_round(params, data, mean, std)
     n, correct = int(m["n"]), int(m["correct"])
-    content = RecordDict({
-        P.METRICS: MetricRecord({
-            P.NUM_EXAMPLES: n, P.ACCURACY: correct / n if n else 0.0,
-            P.LOSS: round_metric(m["loss"], task.decrypt_bounds), P.CORRECT: correct,
-        }),
+    return MetricRecord({
+        P.NUM_EXAMPLES: n, P.ACCURACY: correct / n if n else 0.0,
+        P.LOSS: round_metric(m["loss"], task.decrypt_bounds), P.CORRECT: correct,
     })
-    return Message(content=sign_reply(kit, msg, content), reply_to=msg)
 
 
 def _evaluate_candidates(msg: Message, kit: PartnerKit, task, name: str, node_config=None) -> Message:

@@ -18,6 +18,12 @@ Server -> partner (query ``stats``): ConfigRecord ``"config"`` ``{"query": "stat
     ``"metrics"`` with ``num-examples`` (n, int: the count it encrypted).
 Partner -> server (evaluate reply): MetricRecord ``"metrics"`` with ``num-examples``
     (n_test, int), ``correct`` (int), ``accuracy`` (= correct / n) and ``loss``.
+Evaluation folded into training: a train message whose ConfigRecord ``"config"`` has
+    ``evaluate-round`` = k > 0 carries round k's aggregate as its ``"global"``; the partner
+    evaluates that model on its test split before it trains and its train reply carries,
+    beside ``"update"`` and ``"metrics"``, MetricRecord ``"evaluation"`` with the evaluate
+    reply's keys (the evaluation of round k). So a campaign sends one message per partner
+    per round, plus one evaluate message after its last round.
 Server -> partner (query ``evaluate-onnx``): ArrayRecord ``"candidates"`` (name -> ONNX
     bytes as uint8); reply MetricRecord ``"metrics"`` with ``<name>.correct``, ``<name>.n``.
 
@@ -64,6 +70,11 @@ ACCURACY = "accuracy"
 LOSS = "loss"
 CORRECT = "correct"
 QUERY = "query"
+#: train config: the campaign round whose aggregate this message's global model is and that
+#: the partner evaluates too (0 or absent: none)
+EVALUATE_ROUND = "evaluate-round"
+#: train reply: the MetricRecord of that evaluation
+EVALUATION = "evaluation"
 #: domain separation of :func:`reply_statement` (a partner key signs nothing else with it)
 REPLY_DOMAIN = b"sealfl/partner-reply/v1\n"
 

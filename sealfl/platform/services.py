@@ -16,7 +16,9 @@ installation (offline hosts work; every host has sealfl installed). Once it answ
 :func:`register_supernodes` registers each key of the kit's ``supernodes.json`` with
 ``flwr supernode register`` (a key already registered is skipped).
 
-SuperNode: ``--root-certificates`` (the kit's CA), ``--auth-supernode-private-key``, and
+SuperNode: Flower's ``flower-supernode``, run through :mod:`sealfl.platform.supernode_main`
+(the same entry point with its fixed 3 s / 0.5 s waits shortened), with
+``--root-certificates`` (the kit's CA), ``--auth-supernode-private-key``, and
 ``--node-config kit-dir=...`` so the ClientApp (:mod:`sealfl.clients.app`) loads this kit.
 """
 
@@ -27,6 +29,7 @@ import logging
 import os
 import select
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -47,6 +50,9 @@ __all__ = ["superlink_command", "supernode_command", "supernode_refusal", "regis
            "parse_hostport"]
 
 log = logging.getLogger(__name__)
+
+#: the module ``sealfl partner start`` runs the SuperNode with (Flower's flower-supernode, shorter waits)
+SUPERNODE_MAIN = "sealfl.platform.supernode_main"
 
 
 def parse_hostport(text: str, what: str = "--superlink") -> tuple[str, int]:
@@ -79,7 +85,8 @@ def superlink_command(kit: Path, host: str, port: int, database: Path) -> list[s
 
 def supernode_command(kit: Path, superlink: str, local_port: int, *, relay_socket: str | None = None) -> list[str]:
     """The ``flower-supernode`` command line for the partner kit ``kit`` joining ``superlink``
-    (``HOST:PORT``); its own ClientApp API listens on 127.0.0.1:``local_port``. With
+    (``HOST:PORT``), run as ``python -m sealfl.platform.supernode_main`` (Flower's entry
+    point with shorter fixed waits); its own ClientApp API listens on 127.0.0.1:``local_port``. With
     ``relay_socket`` the per-message ClientApp hands each message to the partner process
     listening there (:mod:`sealfl.clients.relay`)."""
     check_kit_files(kit, [CA_FILE, SUPERNODE_KEY_FILE, "kit.json"], "partner")
@@ -88,7 +95,7 @@ def supernode_command(kit: Path, superlink: str, local_port: int, *, relay_socke
     node = {"kit-dir": str(k)}
     if relay_socket is not None:
         node["partner-socket"] = relay_socket
-    return [flwr_cli.flower_bin("flower-supernode"), "--superlink", superlink, "--root-certificates",
+    return [sys.executable, "-m", SUPERNODE_MAIN, "--superlink", superlink, "--root-certificates",
             str(k / CA_FILE), "--auth-supernode-private-key", str(k / SUPERNODE_KEY_FILE),
             "--node-config", flwr_cli.toml_config(node), "--host", "127.0.0.1", "--port", str(local_port)]
 
@@ -159,13 +166,14 @@ def register_supernodes(kit: Path, flwr_home: Path, keys_dir: Path) -> list[str]
 
 def run_service(cmd: list[str], *, log_path: Path, env: dict, on_ready: Callable[[], None] | None = None,
                 ready: Callable[[], bool] | None = None, ready_timeout_s: float = 60.0,
-                announce: Callable[[str], None] | None = None, tick_s: float = 0.5) -> int:
+                announce: Callable[[str], None] | None = None, tick_s: float = 0.5, name: str | None = None) -> int:
     """Run ``cmd`` until it exits or a signal arrives; returns its exit code. The service
     dies with this process, also when this one is SIGKILLed (``PR_SET_PDEATHSIG``; Flower's
     own children follow it through their ``--parent-pid``).
 
     ``ready()`` is polled until true (then ``on_ready()`` runs once); the process exiting
     first, or ``ready_timeout_s`` passing, raises DeploymentError naming ``log_path``.
+    ``name`` names the service in messages (default: ``cmd[0]``'s file name).
 
     Raises:
         Interrupted: SIGINT/SIGTERM inside :func:`~sealfl.platform.supervisor.interruptible`;
@@ -174,6 +182,7 @@ def run_service(cmd: list[str], *, log_path: Path, env: dict, on_ready: Callable
     from sealfl.platform import supervisor
 
     supervisor.check()
+    name = name or Path(cmd[0]).name
     token = os.urandom(16).hex()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log_file:
@@ -199,15 +208,15 @@ def run_service(cmd: list[str], *, log_path: Path, env: dict, on_ready: Callable
                     if on_ready:
                         on_ready()
                 elif time.monotonic() - t0 > ready_timeout_s:
-                    raise DeploymentError(f"{Path(cmd[0]).name} did not come up within {ready_timeout_s:.0f} s; "
+                    raise DeploymentError(f"{name} did not come up within {ready_timeout_s:.0f} s; "
                                           f"see {log_path}")
         code = proc.wait()
         if not is_ready:
-            raise DeploymentError(f"{Path(cmd[0]).name} exited {code} before it was ready; see {log_path}")
+            raise DeploymentError(f"{name} exited {code} before it was ready; see {log_path}")
         return code
     finally:
         os.close(pidfd)
         survivors = kill_run(token, proc.pid, deadline_s=30.0)
         proc.wait()
         if survivors:
-            log.error("processes %s of %s survived SIGKILL", survivors, Path(cmd[0]).name)
+            log.error("processes %s of %s survived SIGKILL", survivors, name)

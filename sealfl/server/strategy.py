@@ -20,6 +20,19 @@ Every reply goes through :func:`sealfl.server.intake.screen` (who sent it) and t
 reply kind's checks in :mod:`sealfl.server.validation` (what it says) before anything of
 it counts; refusals name the partner and the reason in the log and in ``rounds.jsonl``.
 
+One message per partner per round (:meth:`EncryptedFedAvg.start`): round k's aggregate is
+evaluated by the partners inside round k+1's train message (``evaluate-round`` = k, see
+:mod:`sealfl.common.protocol`), and only the last round's aggregate gets an evaluate message
+of its own. Round k is therefore committed (:meth:`~sealfl.server.bookkeeping.CampaignDir.end_round`:
+checkpoint and ``rounds.jsonl`` record, with its evaluation) when round k+1's train replies
+are in -- right after they are screened, before anything of round k+1 can fail -- or, for
+the last round, when its evaluate replies are. A record's ``pooled_test_accuracy``,
+``per_partner`` and ``eval_rejected`` are still the evaluation of that round's aggregate;
+its ``round_seconds`` run from its train message to its aggregate (which for k > 1 includes
+the partners' evaluation of round k-1), and for the last round to the end of its evaluation.
+Flower's own loop (a train and an evaluate message every round) also works:
+:meth:`aggregate_evaluate` closes a round whose evaluation is pending.
+
 The round's sum: in-process while each reply is checked (:class:`RunningSum`), or, when
 the round's updates are large or many (:func:`sealfl.server.sharded.shard_count`), split
 by chunk range into Ray tasks that check and add their range for every partner
@@ -35,7 +48,7 @@ from collections.abc import Iterable
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import FedAvg, Result
 
 from sealfl.common import protocol as P
 from sealfl.common.testpoints import testpoint
@@ -43,10 +56,10 @@ from sealfl.he.codecs import Codec
 from sealfl.he.framed import PACKED
 from sealfl.server.aggregate import RunningSum
 from sealfl.server.bookkeeping import CampaignDir
-from sealfl.server.errors import NotEnoughPartnersError, SecretKeyPresentError, ServerError
+from sealfl.server.errors import NotEnoughPartnersError, ReplyError, SecretKeyPresentError, ServerError
 from sealfl.server.intake import Overdue, Roster, collect_late, screen
 from sealfl.server.sharded import ray_cpus, shard_count, sharded_sum
-from sealfl.server.validation import ReplyLimits, parse_eval_reply, parse_train_reply
+from sealfl.server.validation import ReplyLimits, parse_eval_reply, parse_train_reply, split_evaluation
 
 log = logging.getLogger(__name__)
 
@@ -151,11 +164,45 @@ class EncryptedFedAvg(FedAvg):
         self._last: tuple[bytes, float] | None = None  # the last published aggregate (DP: kept over a skipped round)
         self._overdue: dict[str, Overdue] = {}  # messages whose round closed without their reply
         self._late: dict[str, str] = {}  # this round's late partners (no reply by the deadline)
+        self._pending: int | None = None  # the round whose aggregate awaits its evaluation (module docstring)
+        self.evaluations: dict[int, MetricRecord] = {}  # campaign round -> pooled evaluation metrics
 
     def resume_with(self, model_ct: bytes, model_weight: float) -> None:
         """A resumed campaign: the checkpoint's aggregate is the last published one (what a
         DP round with too few partners keeps)."""
         self._last = (bytes(model_ct), float(model_weight))
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
+              train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
+              evaluate_fn=None) -> Result:
+        """Run ``num_rounds`` rounds, one train message per partner each (each carrying the
+        evaluation of the previous round's aggregate), then one evaluate message for the last
+        aggregate (module docstring). Returns Flower's :class:`Result` (``train_metrics_clientapp``
+        and ``evaluate_metrics_clientapp`` keyed by campaign round).
+
+        Raises:
+            ServerError: ``evaluate_fn`` given (the aggregator holds no plaintext model to evaluate).
+            NotEnoughPartnersError: as :meth:`aggregate_train`.
+        """
+        if evaluate_fn is not None:
+            raise ServerError("no server-side evaluation: the aggregator holds no plaintext model")
+        train_config = ConfigRecord() if train_config is None else train_config
+        evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
+        self.summary()
+        result, arrays = Result(), initial_arrays
+        for rnd in range(1, num_rounds + 1):
+            replies = grid.send_and_receive(self.configure_train(rnd, arrays, train_config, grid), timeout=timeout)
+            new, metrics = self.aggregate_train(rnd, replies)
+            if new is not None:
+                result.arrays = arrays = new
+            if metrics is not None:
+                result.train_metrics_clientapp[rnd + self.round_offset] = metrics
+        if num_rounds >= 1:
+            replies = grid.send_and_receive(self.configure_evaluate(num_rounds, arrays, evaluate_config, grid),
+                                            timeout=timeout)
+            self.aggregate_evaluate(num_rounds, replies)
+        result.evaluate_metrics_clientapp.update(self.evaluations)
+        return result
 
     def summary(self) -> None:
         log.info("EncryptedFedAvg: HE %s, %d parameters, min_partners=%d", self.codec.params.to_dict(),
@@ -180,6 +227,8 @@ class EncryptedFedAvg(FedAvg):
         self._record_late(grid)
         nodes, self._absent = connected_partner_nodes(grid, self.roster, self.min_partners, self.wait_s, phase)
         config["server-round"] = server_round
+        if message_type == MessageType.TRAIN:  # the previous aggregate, evaluated in the same message
+            config[P.EVALUATE_ROUND] = self._pending or 0
         record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
         # keep the Message objects: the Grid sets their ids in place when it pushes them,
         # and each reply is matched to the message (and node) it answers
@@ -218,13 +267,30 @@ class EncryptedFedAvg(FedAvg):
         shards = shard_count(self.sum_shards, len(self._sent), n_chunks, ray_cpus() if self.sum_shards == 0 else 0)
         self.last_shards = shards
         running = RunningSum(self.codec, self.n_params)  # summed while checked: each chunk parsed once
-        screened = screen(
-            replies, self._sent, roster,
-            lambda p, c: parse_train_reply(c, codec=self.codec, length=self.n_params, limits=self.limits,
-                                           declared_n=roster.n_train[p], signed=roster.signed,
-                                           running=None if shards > 1 else running, defer_ciphertext=shards > 1),
-            phase="train")
-        self._record_late(None, screened, "train", server_round)
+        pending = self._pending
+        evals: dict = {}
+        eval_refused: dict[str, str] = {}
+
+        def parse(p, c):
+            if pending is not None:  # the evaluation first: it counts even if the update is refused
+                c, evaluation = split_evaluation(c)
+                try:
+                    if evaluation is None:
+                        raise ReplyError(P.EVALUATION, f"missing: the train message asked for the evaluation of "
+                                                       f"round {pending}")
+                    evals[p] = parse_eval_reply(evaluation, limits=self.limits, expected_n=roster.n_test.get(p),
+                                                signed=roster.signed)
+                except ReplyError as exc:
+                    eval_refused[p] = f"{P.EVALUATION}: {exc}" if evaluation is not None else str(exc)
+            return parse_train_reply(c, codec=self.codec, length=self.n_params, limits=self.limits,
+                                     declared_n=roster.n_train[p], signed=roster.signed,
+                                     running=None if shards > 1 else running, defer_ciphertext=shards > 1)
+
+        screened = screen(replies, self._sent, roster, parse, phase="train")
+        if pending is not None:  # round k-1 is complete: commit it before anything of round k can fail
+            refused = {k: v for k, v in screened.rejected.items() if k not in evals}
+            self._close_round(pending, evals, {**self._absent, **refused, **eval_refused})
+        self._record_late(None, screened, "train", server_round)  # round k's lateness, after k-1 is closed
         rejected = {**self._absent, **screened.rejected}
         sharded_ct = None
         if shards > 1:  # the chunks' checks run in the shards; a refusal there refuses the reply whole
@@ -276,6 +342,7 @@ class EncryptedFedAvg(FedAvg):
                 self.round_log.note(privacy=ledger.privacy_block(dpc.clip, dpc.min_partners, dpc.trust))
             self.round_log.stage_checkpoint(server_round, model_ct, total, self.stats_ct)
         self._last = (model_ct, total)
+        self._await_evaluation(server_round)
         log.info("round %d: added %d ciphertexts (%d bytes), rejected %d", server_round, len(accepted), bytes_in, len(rejected))
         metrics = MetricRecord({"train_loss": loss, "accepted": len(accepted), "rejected": len(rejected)})
         return record, metrics
@@ -294,14 +361,45 @@ class EncryptedFedAvg(FedAvg):
                                 privacy=self.privacy[0].privacy_block(self.privacy[1].clip, self.privacy[1].min_partners,
                                                                       self.privacy[1].trust))
             self.round_log.stage_checkpoint(server_round, model_ct, total, self.stats_ct)
+        self._await_evaluation(server_round)
         return None, MetricRecord({"accepted": len(accepted), "rejected": len(rejected)})
+
+    def _await_evaluation(self, server_round: int) -> None:
+        """Round ``server_round``'s aggregate is staged: its record waits for its evaluation
+        (the next train message's, or :meth:`aggregate_evaluate`'s)."""
+        self._pending = server_round
+        if self.round_log is not None:
+            self.round_log.note(round_seconds=time.perf_counter() - self._t_round)
+
+    def _close_round(self, server_round: int, evals: dict, rejected: dict[str, str]) -> MetricRecord | None:
+        """Record the evaluation of round ``server_round``'s aggregate -- pooled test accuracy =
+        Σ correct / Σ n over the accepted ``evals`` (partner -> EvalReply), per-partner
+        figures, ``rejected`` as ``eval_rejected`` -- and commit the round."""
+        per: dict[str, dict] = {}
+        for p in sorted(evals):
+            r = evals[p]
+            self.roster.n_test.setdefault(p, r.n)
+            per[p] = {"accuracy": r.accuracy, "loss": r.loss, "correct": r.correct, "n": r.n}
+        n = sum(v["n"] for v in per.values())
+        acc = sum(v["correct"] for v in per.values()) / n if n else float("nan")
+        self._pending = None
+        if self.round_log is not None:
+            self.round_log.note(pooled_test_accuracy=acc if per else None, per_partner=per, eval_rejected=rejected)
+            self.round_log.end_round(server_round)
+        log.info("round %d: evaluated by %d partners, pooled accuracy %s", server_round, len(per),
+                 f"{acc:.4f}" if per else "none")
+        metrics = MetricRecord({"pooled_accuracy": acc, "n": n}) if per else None
+        if metrics is not None:
+            self.evaluations[server_round] = metrics
+        return metrics
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Pooled test accuracy = Σ correct / Σ n over the partners whose evaluate reply
         passes :func:`parse_eval_reply` (counts are integers, correct <= n, n equal to
         the partner's earlier n, accuracy = correct/n, loss finite and bounded); per-partner
         figures and refusals (``eval_rejected``) go to the round log, which closes the round
-        (also when no reply counts: ``pooled_test_accuracy`` is then null)."""
+        (also when no reply counts: ``pooled_test_accuracy`` is then null). Used for the last
+        round's aggregate (:meth:`start`), or every round under Flower's own loop."""
         server_round += self.round_offset
         roster = self.roster
         screened = screen(
@@ -309,16 +407,6 @@ class EncryptedFedAvg(FedAvg):
             lambda p, c: parse_eval_reply(c, limits=self.limits, expected_n=roster.n_test.get(p), signed=roster.signed),
             phase="evaluate")
         self._record_late(None, screened, "evaluate", server_round)
-        per: dict[str, dict] = {}
-        for p in sorted(screened.accepted):
-            r = screened.accepted[p]
-            roster.n_test.setdefault(p, r.n)
-            per[p] = {"accuracy": r.accuracy, "loss": r.loss, "correct": r.correct, "n": r.n}
-        n = sum(v["n"] for v in per.values())
-        acc = sum(v["correct"] for v in per.values()) / n if n else float("nan")
         if self.round_log is not None:
-            self.round_log.note(pooled_test_accuracy=acc if per else None, per_partner=per,
-                                eval_rejected={**self._absent, **screened.rejected},
-                                round_seconds=time.perf_counter() - self._t_round)
-            self.round_log.end_round(server_round)
-        return MetricRecord({"pooled_accuracy": acc, "n": n}) if per else None
+            self.round_log.note(round_seconds=time.perf_counter() - self._t_round)
+        return self._close_round(server_round, screened.accepted, {**self._absent, **screened.rejected})

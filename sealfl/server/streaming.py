@@ -15,9 +15,11 @@ the others' ciphertexts are already checked and added into the running sum.
 The stream keeps Flower's semantics: it ends when every pushed message has a reply or
 ``timeout`` seconds after the push (``None``: no limit; at 0 it still pulls once, where
 Flower's loop does not pull at all), and between the end of one pull and the next it
-leaves the wrapped grid's interval (``InMemoryGrid.pull_interval``, 0.1 s; the deployment
-grid's 3 s otherwise), counting the aggregator's own work on the replies towards it, and
-never sleeps past the deadline. The wrapped grid needs Flower's ``push_messages`` and
+leaves the wrapped grid's interval (``InMemoryGrid.pull_interval``, 0.1 s) or, for a grid
+that has none (flwr 1.42's deployment grid, ``HttpGrid``, which sleeps a fixed 3 s between
+pulls in its own ``send_and_receive``: ``flwr/superlink/grid/http_grid.py`` line 412),
+:data:`DEFAULT_PULL_INTERVAL_S`, counting the aggregator's own work on the replies towards
+it, and never sleeps past the deadline. The wrapped grid needs Flower's ``push_messages`` and
 ``pull_messages`` (every ``flwr.serverapp.Grid`` has them; so does the tests' FakeGrid).
 """
 
@@ -33,9 +35,12 @@ from sealfl.server.errors import ReplyStreamError
 
 log = logging.getLogger(__name__)
 
-#: seconds between pulls for a grid that does not say (flwr 1.42's ``HttpGrid``, the
-#: deployment grid, sleeps 3 s between pulls in its own ``send_and_receive``)
-DEFAULT_PULL_INTERVAL_S = 3.0
+#: seconds between pulls for a grid that does not say (the deployment grid). Flower's own
+#: loop waits 3 s (:data:`FLOWER_PULL_INTERVAL_S`), which a reply arriving just after a pull
+#: waited in full; a pull is one small HTTPS request to the SuperLink, so 0.2 s
+DEFAULT_PULL_INTERVAL_S = 0.2
+#: flwr 1.42 ``HttpGrid.send_and_receive``'s fixed sleep between pulls
+FLOWER_PULL_INTERVAL_S = 3.0
 
 
 def check_times(timeout: Any, interval_s: Any) -> None:

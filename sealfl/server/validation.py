@@ -48,7 +48,7 @@ from sealfl.server.errors import ReplyError, ServerError
 __all__ = [
     "ReplyLimits", "TrainReply", "StatsReply", "EvalReply",
     "check_count", "check_real", "check_shape", "check_u8_array", "check_frame",
-    "parse_train_reply", "parse_stats_reply", "parse_eval_reply", "parse_candidate_reply",
+    "parse_train_reply", "parse_stats_reply", "parse_eval_reply", "parse_candidate_reply", "split_evaluation",
     "check_candidate_counts",
 ]
 
@@ -331,6 +331,25 @@ def check_candidate_counts(counts: Any, candidates: Sequence[str], *, limits: Re
         raise ReplyError(f"{where}.n", f"{next(iter(ns.values()))} test rows, but this partner reported "
                                        f"{expected_n} during the campaign")
     return out
+
+
+def split_evaluation(content: Any) -> tuple[Any, dict | None]:
+    """A train reply that also carries the evaluation of the previous round's aggregate
+    (:data:`sealfl.common.protocol.EVALUATION`), split into (the train reply without it,
+    the evaluation as an evaluate reply's records -- ``metrics`` and the same ``partner`` --
+    or None when it has none), for :func:`parse_train_reply` and :func:`parse_eval_reply`.
+    Content that is no record dictionary is returned whole (its checks refuse it)."""
+    try:
+        names = list(content.keys())
+    except Exception:  # noqa: BLE001 - not a RecordDict: parse_train_reply names it
+        return content, None
+    if P.EVALUATION not in names:
+        return content, None
+    train = {k: content[k] for k in names if k != P.EVALUATION}
+    evaluation = {P.METRICS: content[P.EVALUATION]}
+    if P.PARTNER in names:
+        evaluation[P.PARTNER] = content[P.PARTNER]
+    return train, evaluation
 
 
 def parse_candidate_reply(content: Any, candidates: Sequence[str], *, limits: ReplyLimits,

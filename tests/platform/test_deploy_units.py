@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import tomllib
 
 import pytest
@@ -30,6 +31,7 @@ def test_command_lines_use_the_kit_tls_auth_database_and_no_runtime_installs(tmp
     assert "--insecure" not in sl and sl[sl.index("--host") + 1] == "127.0.0.1"
     kit = cons.dir / "partners" / "hungary"
     sn = supernode_command(kit, "127.0.0.1:9092", 9300, relay_socket="/tmp/x/relay.sock")
+    assert sn[:3] == [sys.executable, "-m", "sealfl.platform.supernode_main"]  # Flower's CLI, shorter waits
     assert sn[sn.index("--root-certificates") + 1] == str((kit / "ca.crt").resolve())
     assert sn[sn.index("--auth-supernode-private-key") + 1] == str((kit / "supernode_auth_key").resolve())
     node = tomllib.loads(sn[sn.index("--node-config") + 1].replace(" ", "\n"))

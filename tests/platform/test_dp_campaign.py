@@ -51,11 +51,13 @@ def test_dp_campaign_records_epsilon_every_round_and_the_release_opens_it(consor
 
     def after(g, mtype):
         phases.append(mtype)
-        if mtype == "evaluate" and phases.count("train") == 1:
+        if mtype == "train" and phases.count("train") == 1:
             g.unreachable.add(gone)  # partner 1's round-2 update never arrives: 3 < k = 4 count ...
         elif mtype == "train" and phases.count("train") == 2:
             g.unreachable.discard(gone)  # ... and it is back for round 3
-        if mtype == "evaluate":  # what partner 0 decrypts: the new global model
+        # what partner 0 decrypts: round k's global model, evaluated in round k+1's train message
+        # (the last one in its own evaluate message)
+        if (mtype == "train" and phases.count("train") >= 2) or mtype == "evaluate":
             from sealfl.clients.app import decode_global, round_dp
             from sealfl.clients.kit import kit_dir, load_kit
 

@@ -64,8 +64,9 @@ def test_ctrl_c_then_sigkill_of_the_resumed_coordinator_then_resume_gives_the_un
         consortium, uninterrupted, tmp_path):
     cons, codec = consortium
     out = tmp_path / "camp"
-    # 1. Ctrl-C while a partner trains round 2: exit 130, round 1 committed
-    run, _ = _paused(["campaign", "run", "-c", cons.dir, "-o", out, "--rounds", ROUNDS], "train@2", tmp_path / "a")
+    # 1. Ctrl-C while a partner trains round 3: exit 130, round 1 committed (round 2's evaluation
+    #    travels in round 3's train replies, so round 2 is not finished yet)
+    run, _ = _paused(["campaign", "run", "-c", cons.dir, "-o", out, "--rounds", ROUNDS], "train@3", tmp_path / "a")
     try:
         run.proc.send_signal(signal.SIGINT)
         rc, stderr = run.finish()

@@ -88,7 +88,9 @@ def test_encrypted_campaign_with_a_server_optimizer_matches_flower(opt, consorti
 
     def after(g, mtype):
         phases.append(mtype)
-        if mtype == "evaluate":  # what partner 0 decrypts in each evaluate round: the new global model
+        # what partner 0 decrypts: round k's global model, evaluated in round k+1's train message
+        # (the last one in its own evaluate message)
+        if (mtype == "train" and phases.count("train") >= 2) or mtype == "evaluate":
             from sealfl.clients.app import decode_global
             from sealfl.clients.kit import kit_dir, load_kit
 
@@ -97,8 +99,8 @@ def test_encrypted_campaign_with_a_server_optimizer_matches_flower(opt, consorti
             decrypted[len(decrypted) + 1] = decode_global(msg.content["global"], kit, task,
                                                           ServerOpt.from_config(msg.content["config"]))[0]
         n_train = phases.count("train")
-        if mtype == "evaluate" and n_train == 1:
-            g.connected.discard(absent)  # partner 1 misses round 2's training ...
+        if mtype == "train" and n_train == 1:
+            g.connected.discard(absent)  # partner 1 misses round 2's training (and round 1's evaluation) ...
         elif mtype == "train" and n_train == 2:
             g.connected.add(absent)  # ... and is back for its evaluation and round 3
 

@@ -113,7 +113,8 @@ def test_kind_a_stream_is_iterated_once():
 
 def test_kind_pull_cadence_follows_the_wrapped_grid():
     assert StreamingGrid(ScriptedGrid({}, pull_interval=0.25)).interval_s == 0.25
-    assert StreamingGrid(ScriptedGrid({})).interval_s == DEFAULT_PULL_INTERVAL_S == 3.0  # flwr's deployment grids
+    # a grid without pull_interval (flwr's deployment grid): sealfl's cadence, not Flower's fixed 3 s
+    assert StreamingGrid(ScriptedGrid({})).interval_s == DEFAULT_PULL_INTERVAL_S == 0.2
     assert StreamingGrid(ScriptedGrid({}), interval_s=0.5).interval_s == 0.5
 
 

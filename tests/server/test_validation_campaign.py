@@ -154,7 +154,7 @@ def test_kind_superlink_error_replies_are_named_by_the_node_they_concern(consort
     grid = FakeGrid(str(cons.dir), 4)
 
     def second_round_unreachable(g, kind):
-        if kind == "train" and any(m.metadata.message_type == "evaluate" for m in g.sent):
+        if kind == "train" and any(m.metadata.message_type == "train" for m in g.sent):
             g.unreachable.add(g.node_ids[1])
 
     grid.on_round = second_round_unreachable
@@ -171,7 +171,7 @@ def test_kind_partner_leaving_between_rounds_does_not_hang_the_campaign(consorti
     grid = FakeGrid(str(cons.dir), 4)
 
     def leave_after_round_1(g, kind):
-        if kind == "evaluate":
+        if kind == "train":  # after round 1's train message (round 2's would carry round 1's evaluation)
             g.connected.discard(g.node_ids[3])
 
     grid.after_round = leave_after_round_1
@@ -188,17 +188,22 @@ def test_kind_too_few_partners_fail_the_round_and_keep_the_last_good_checkpoint(
     saved = {}
 
     def second_round_goes_bad(g, kind):
-        if kind == "train" and any(m.metadata.message_type == "evaluate" for m in g.sent):
-            saved["ckpt"] = (tmp_path / "camp" / "checkpoint" / "global.npz").read_bytes()
+        if kind == "train" and any(m.metadata.message_type == "train" for m in g.sent):
+            saved["round 2"] = True
             g.faults[1] = "nan-examples"  # with partner 0's bad ciphertext: 2 of 4 valid, min_partners=3
 
     grid.on_round = second_round_goes_bad
     with pytest.raises(NotEnoughPartnersError, match="min_partners=3") as err:
         _run(consortium, tmp_path, rounds=2, grid=grid)
+    assert saved == {"round 2": True}
     assert f"{C}: update.update_ct" in str(err.value) and f"{H}: metrics.num-examples" in str(err.value)
     status = json.loads((tmp_path / "camp" / "status.json").read_text())
     assert status["status"] == "failed" and status["round"] == 1
-    assert (tmp_path / "camp" / "checkpoint" / "global.npz").read_bytes() == saved["ckpt"]
+    # round 1, evaluated in round 2's train replies (which partner 1's bad update does not spoil), is the checkpoint
+    cd = CampaignDir(tmp_path / "camp", 2)
+    (rec,) = cd.rounds()
+    assert cd.read_checkpoint().round == 1 and cd.read_checkpoint().record == rec
+    assert sorted(rec["per_partner"]) == sorted(HOSPITALS) and rec["eval_rejected"] == {}
 
 
 def test_kind_impossible_evaluate_counts_are_refused(consortium, tmp_path, server_identity):
@@ -224,7 +229,7 @@ def test_kind_evaluate_n_must_stay_the_same_across_rounds(consortium, tmp_path, 
     grid = FakeGrid(str(cons.dir), 4)
 
     def second_round_lies(g, kind):
-        if kind == "evaluate" and sum(m.metadata.message_type == "evaluate" for m in g.sent) >= 4:
+        if kind == "evaluate":  # round 2's (round 1's evaluation came with round 2's train replies)
             g.faults[2] = "correct-above-n"  # n = 100 instead of the 15 it reported in round 1
 
     grid.on_round = second_round_lies

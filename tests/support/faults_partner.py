@@ -19,7 +19,8 @@ mode                       phase      what the partner sends
                                       an unknown protobuf field of ``pad_bytes`` bytes
 ``impostor``               all        claims to be partner 0 (signs with its own key)
 ``stats-count-lie``        stats      declares n + 100 in plaintext, encrypts the true n
-``correct-above-n``        evaluate   ``correct`` = 500 of ``n`` = 100
+``correct-above-n``        evaluate   ``correct`` = 500 of ``n`` = 100 (also in the evaluation
+                                      a train reply carries)
 ``gate-correct-above-n``   gate       ``int8.correct`` = 900 of ``int8.n`` = 60
 ``crash``                  train      raises (Flower turns it into an error reply)
 =========================  =========  =====================================================
@@ -135,9 +136,9 @@ def tamper(mode: str, msg: Message, reply: Message, consortium_dir: str, pad_byt
         c[P.UPDATE][P.UPDATE_CT] = Array(P.to_u8(kit.codec.frame(n, [chunks[0] + field15, *chunks[1:]])))
     elif mode == "stats-count-lie":
         c[P.METRICS] = MetricRecord({P.NUM_EXAMPLES: int(c[P.METRICS][P.NUM_EXAMPLES]) + 100})
-    elif mode == "correct-above-n":
-        m = c[P.METRICS]
-        c[P.METRICS] = MetricRecord({P.NUM_EXAMPLES: 100, P.CORRECT: 500, P.ACCURACY: 5.0, P.LOSS: m[P.LOSS]})
+    elif mode == "correct-above-n":  # an evaluate reply, or the evaluation a train reply carries
+        key = P.EVALUATION if P.EVALUATION in c else P.METRICS
+        c[key] = MetricRecord({P.NUM_EXAMPLES: 100, P.CORRECT: 500, P.ACCURACY: 5.0, P.LOSS: c[key][P.LOSS]})
     elif mode == "gate-correct-above-n":
         m = dict(c[P.METRICS])
         m.update({"int8.correct": 900, "int8.n": 60})
@@ -174,7 +175,8 @@ def reply(msg: Message, ctx: Context, consortium_dir: str, faults: dict[int, str
         raise RuntimeError(f"partner {pid} crashed on purpose")
     handler = {"train": capp.handle_train, "evaluate": capp.handle_evaluate}.get(phase, capp.handle_query)
     out = handler(msg, ctx, consortium_dir)
-    if mode is not None and PHASE[mode] in (phase, "all") and mode != "crash":
+    folded = phase == "train" and P.EVALUATION in out.content and PHASE.get(mode) == "evaluate"
+    if mode is not None and (PHASE[mode] in (phase, "all") or folded) and mode != "crash":
         out = tamper(mode, msg, out, consortium_dir, pad_bytes)
     return out
 

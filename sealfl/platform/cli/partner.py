@@ -168,7 +168,7 @@ def start(
             log_path = log_file or Path(f"supernode-{kit.resolve().name}.log")
             console.print(f"SuperNode of [bold]{k.partner}[/] joining {superlink} (TLS, node authentication); "
                           f"log: {log_path}", highlight=False)
-            code = run_service(cmd, log_path=log_path, env=flwr_cli.flower_env())
+            code = run_service(cmd, log_path=log_path, env=flwr_cli.flower_env(), name="flower-supernode")
         except Interrupted as exc:
             stopped(Interrupted(exc.signum, f"SuperNode of {kit.resolve().name} stopped by signal"))
         except (SealflError, OSError) as exc:
