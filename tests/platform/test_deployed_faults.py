@@ -204,7 +204,8 @@ def test_a_supernode_killed_mid_campaign_misses_rounds_as_absent_or_late_and_rej
     rounds = cd.rounds()
     assert [r["round"] for r in rounds] == [1, 2, 3, 4] and rounds[0]["accepted"] == sorted(PARTNERS)
     missed = [r for r in rounds if p not in r["accepted"]]
-    assert missed and missed[0]["round"] == 2, [r["accepted"] for r in rounds]
+    # killed once round 1 is committed: during round 2 (or 3, once a round commits with the next one's train replies)
+    assert missed and missed[0]["round"] in (2, 3), [r["accepted"] for r in rounds]
     for r in missed:  # recorded, not silently counted
         why = r["rejected"][p]
         # absent at the phase's start, no reply by the deadline (late), or the SuperLink's own
