@@ -8,6 +8,7 @@ authentication mode and token a process uses, so an earlier test's token-less lo
 the same pytest process would make this cluster unreachable.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -179,6 +180,87 @@ def test_the_llm_release_variants_build_at_once_on_two_nodes_with_the_same_bytes
     for v in VARIANTS:
         direct = quantize_llm(proto, v, eight_bit=adapted)
         assert hashlib.sha256(remote[v]).digest() == hashlib.sha256(local[v]).digest() == hashlib.sha256(direct).digest()
+
+
+def _release_files(d) -> dict:
+    """A release directory's files with every signature value blanked: the release key and
+    the sim TEE's attestation key sign with randomised ECDSA (FIPS 186-3, a fresh nonce per
+    signature), so only the signature values may differ between two builds."""
+    from pathlib import Path
+
+    def blank(v):
+        if isinstance(v, dict):
+            return {k: "<sig>" if k in ("sig", "signature") else blank(x) for k, x in v.items()}
+        return [blank(x) for x in v] if isinstance(v, list) else v
+
+    out = {}
+    for f in sorted(Path(d).iterdir()):
+        data = f.read_bytes()
+        out[f.name] = blank(json.loads(data)) if f.name.endswith((".dsse.json", ".sig", "attestation.json")) else data
+    return out
+
+
+def _client_actors() -> dict:
+    """Flower's ClientApp actors this cluster has run: actor id -> node id (dead ones too)."""
+    from ray._private import state
+
+    return {a["ActorID"]: a["Address"]["NodeID"] for a in state.actors().values()
+            if a["ActorClassName"] == "ClientAppActor"}
+
+
+def test_the_heart_release_is_the_same_built_in_process_on_one_node_and_on_two(cluster, consortium, tmp_path):
+    """The release pipeline as Ray tasks (issue 22, item 3): export and INT8 quantisation are
+    tasks on the cluster given, the gate's evaluations run in the partners' ClientApp actors
+    on it; from in-process, a 1-node and the 2-node token cluster the release is the same --
+    root digest, model and every file, apart from the randomised ECDSA signature values."""
+    import shutil
+
+    import ray
+
+    from sealfl.platform.release import release
+
+    camp = tmp_path / "camp"
+    assert run_campaign(CampaignSpec(str(consortium.dir), str(camp), rounds=1)).status["status"] == "finished"
+
+    def build(label, address):
+        cons_dir = tmp_path / f"cons-{label}"  # its own copy: each build may issue version 1
+        shutil.copytree(consortium.dir, cons_dir)
+        return release(cons_dir, camp, tmp_path / f"rel-{label}", version=1, ray_address=address)
+
+    results = {"local": build("local", None)}
+    with token_cluster(nodes=1, cpus_per_node=2) as one:
+        results["one"] = build("one", one.address)
+        ray.init(address=one.address, log_to_driver=False)
+        try:
+            one_node = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        finally:
+            ray.shutdown()
+    ray.init(address=cluster.address, log_to_driver=False)
+    try:
+        alive, before = {n["NodeID"] for n in ray.nodes() if n["Alive"]}, _client_actors()
+    finally:
+        ray.shutdown()
+    results["two"] = build("two", cluster.address)
+    ray.init(address=cluster.address, log_to_driver=False)
+    try:
+        gate = {a: node for a, node in _client_actors().items() if a not in before}
+    finally:
+        ray.shutdown()
+
+    assert results["local"].nodes == {"export": "local", "quantize": "local"}
+    assert set(results["one"].nodes.values()) == one_node
+    assert set(results["two"].nodes.values()) <= alive and len(alive) == 2
+    assert gate and set(gate.values()) == alive  # the partners' gate evaluations ran on both nodes
+    digests = {k: r.summary["root_digest"] for k, r in results.items()}
+    assert len(set(digests.values())) == 1, digests
+    files = {k: _release_files(tmp_path / f"rel-{k}") for k in results}
+    assert files["one"] == files["local"] and files["two"] == files["local"]
+    model = (tmp_path / "rel-two" / "model.int8.onnx").read_bytes()
+    assert model == (tmp_path / "rel-local" / "model.int8.onnx").read_bytes() and len(model) > 1000
+    assert [r.accuracy["int8"]["pooled"] for r in results.values()] == [results["local"].accuracy["int8"]["pooled"]] * 3
+    sigs = {k: json.loads((tmp_path / f"rel-{k}" / "manifest.dsse.json").read_bytes())["signatures"][0]["sig"]
+            for k in results}
+    assert len(set(sigs.values())) == 3  # the signatures are randomised: blanking them is what makes files equal
 
 
 def test_killing_a_worker_node_mid_campaign_loses_no_round(cluster, consortium, tmp_path):

@@ -23,4 +23,4 @@ def test_kind_campaigns_on_a_two_node_token_cluster_in_a_fresh_process():
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
     summary = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
-    assert " 7 passed" in f" {summary}" and "skipped" not in summary, summary
+    assert " 8 passed" in f" {summary}" and "skipped" not in summary, summary
