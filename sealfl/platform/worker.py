@@ -69,6 +69,7 @@ def run_job(job: dict) -> dict:
     kind = job["kind"]
     testpoint("before-ray")
     ray_info = start_ray(job["ray"], os.path.join(job["run_dir"], "ray"))
+    rss = _RunRss()  # from here: the run itself, not the imports and Ray's start-up
     run = {"cpus_per_partner": job["ray"].get("cpus_per_partner", 1.0),
            "flower_log_level": job.get("flower_log_level", "WARNING")}
     if kind == "campaign":
@@ -105,7 +106,26 @@ def run_job(job: dict) -> dict:
     import resource
 
     # this process hosts the ServerApp and Flower's simulation driver: the coordinator
-    return {"ray": ray_info, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    return {"ray": ray_info, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "run_rss": rss.done()}
+
+
+class _RunRss:
+    """The coordinator's resident memory over the Flower run: RSS when it starts, and the
+    peak after it (``VmHWM`` reset at the start by :func:`~sealfl.common.procs.reset_peak_rss`;
+    where that is refused, the lifetime peak, said so in ``method``)."""
+
+    def __init__(self):
+        from sealfl.common.procs import memory_status, reset_peak_rss
+
+        self.reset = reset_peak_rss()
+        self.start = memory_status().get("VmRSS")
+
+    def done(self) -> dict:
+        from sealfl.common.procs import memory_status
+
+        return {"start_bytes": self.start, "peak_bytes": memory_status().get("VmHWM"),
+                "method": "VmHWM after clear_refs 5 at the run's start" if self.reset else "VmHWM (lifetime)"}
 
 
 def _die_with_supervisor() -> None:
