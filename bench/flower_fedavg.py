@@ -118,7 +118,8 @@ def main(argv: list[str]) -> int:
     from sealfl.platform.simulate import run_flower
 
     n = len(get_task(TASK).partners)
-    ray.init(address="local", include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", include_dashboard=False, log_to_driver=False,
+             _temp_dir=str(out.resolve().parent / f"ray-{os.getpid()}"))
     reset = reset_peak_rss()
     start = memory_status().get("VmRSS")
     marks: list[float] = []

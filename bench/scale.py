@@ -209,6 +209,7 @@ def main() -> None:
           f"(2/1 = {a['two_node_over_one_node']:.2f}; both on {os.cpu_count()} cores)")
     pr = a["projection"]
     print(f"projection: {pr['formula']} = {pr['seconds']:.1f} s for {pr['partners']} partners on {pr['cores']} cores")
+    res["summary"] = {}
     res["notes"] = ("one run on a shared 2-core box loaded by other work (see load_average_*): figures are "
                     "ratios within this run, not this CPU's capacity")
     OUT.parent.mkdir(parents=True, exist_ok=True)
