@@ -120,11 +120,12 @@ def main(argv: list[str]) -> int:
     n = len(get_task(TASK).partners)
     ray.init(address="local", include_dashboard=False, log_to_driver=False,
              _temp_dir=str(out.resolve().parent / f"ray-{os.getpid()}"))
-    reset = reset_peak_rss()
-    start = memory_status().get("VmRSS")
     marks: list[float] = []
+    server_app, client_app = make_server_app(rounds, marks), make_client_app()
+    reset = reset_peak_rss()  # from here: the Flower run itself, as sealfl's worker measures it
+    start = memory_status().get("VmRSS")
     t0 = time.perf_counter()
-    failure = run_flower(make_server_app(rounds, marks), make_client_app(), n)
+    failure = run_flower(server_app, client_app, n)
     wall = time.perf_counter() - t0
     if failure is not None:
         raise SystemExit(f"Flower FedAvg run failed: {failure!r}")

@@ -69,7 +69,6 @@ def run_job(job: dict) -> dict:
     kind = job["kind"]
     testpoint("before-ray")
     ray_info = start_ray(job["ray"], os.path.join(job["run_dir"], "ray"))
-    rss = _RunRss()  # from here: the run itself, not the imports and Ray's start-up
     run = {"cpus_per_partner": job["ray"].get("cpus_per_partner", 1.0),
            "flower_log_level": job.get("flower_log_level", "WARNING")}
     if kind == "campaign":
@@ -77,8 +76,9 @@ def run_job(job: dict) -> dict:
 
         cd = CampaignDir(job["campaign_dir"])
         cd.amend_status(ray=ray_info)
-        failure = run_flower(make_server_app(ServerConfig.load(cd.dir)), client_app, job["num_supernodes"],
-                             **run)
+        app = make_server_app(ServerConfig.load(cd.dir))
+        rss = _RunRss()  # from here: the Flower run itself, not the imports and Ray's start-up
+        failure = run_flower(app, client_app, job["num_supernodes"], **run)
         if failure is not None:
             raise CampaignError(f"{type(failure).__name__}: {failure}") from failure
     elif kind == "fedeval":
@@ -98,6 +98,7 @@ def run_job(job: dict) -> dict:
                                    limits=ReplyLimits(**ev["limits"]), expected_n=ev["expected_n"],
                                    reference_names=ev.get("reference_names", ()), sums=ev.get("sums", ()),
                                    global_arrays=global_arrays, config=ev.get("config"))
+        rss = _RunRss()
         failure = run_flower(app, client_app, job["num_supernodes"], **run)
         if failure is not None:
             raise ReleaseError(f"{type(failure).__name__}: {failure}") from failure
