@@ -32,7 +32,6 @@ import argparse
 import contextlib
 import json
 import os
-import secrets
 import statistics
 import sys
 import tempfile
@@ -45,7 +44,6 @@ OUT = Path(__file__).parent / "results" / "scale.json"
 TASKS = {4: "heart", 64: "bench-heart-64", 256: "bench-heart-256", 1024: "bench-heart-1024"}
 LORA = 460_800
 AGG_PARTNERS = 64
-_TOKEN = secrets.token_hex(32)
 DISTINCT = 4  # distinct encrypted updates, repeated to AGG_PARTNERS (the sum does not care)
 
 
@@ -107,23 +105,18 @@ def partners_sweep(counts: list[int], rounds: int = 2) -> dict:
 
 @contextlib.contextmanager
 def cluster(nodes: int, cpus_per_node: int):
-    """A token-protected loopback Ray cluster of ``nodes`` raylets (see tests/support/raycluster.py)."""
-    # one token per process: Ray caches the first token it reads
-    os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": _TOKEN,
-                       "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
+    """A token-protected loopback Ray cluster of ``nodes`` raylets, this process connected
+    (tests/support/raycluster.py: started again if a raylet misses Ray's start-up deadline)."""
     import ray
-    from ray.cluster_utils import Cluster
 
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": cpus_per_node, "include_dashboard": False})
-    try:
-        for _ in range(nodes - 1):
-            c.add_node(num_cpus=cpus_per_node)
-        c.wait_for_nodes()
+    from tests.support.raycluster import token_cluster
+
+    with token_cluster(nodes=nodes, cpus_per_node=cpus_per_node) as c:
         ray.init(address=c.address, log_to_driver=False)
-        yield c
-    finally:
-        ray.shutdown()
-        c.shutdown()
+        try:
+            yield c
+        finally:
+            ray.shutdown()
 
 
 def aggregation() -> dict:

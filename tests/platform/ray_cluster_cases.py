@@ -241,7 +241,10 @@ def test_the_heart_release_is_the_same_built_in_process_on_one_node_and_on_two(c
     from sealfl.platform.release import release
 
     camp = tmp_path / "camp"
-    assert run_campaign(CampaignSpec(str(consortium.dir), str(camp), rounds=1)).status["status"] == "finished"
+    ran = run_campaign(CampaignSpec(str(consortium.dir), str(camp), rounds=1))
+    assert ran.status["status"] == "finished"
+    rss = ran.coordinator_run_rss  # the aggregator's RSS over the Flower run (bench/scale.py reads it)
+    assert rss["method"].startswith("VmHWM after clear_refs") and rss["peak_bytes"] >= rss["start_bytes"] > 0
 
     def build(label, address):
         cons_dir = tmp_path / f"cons-{label}"  # its own copy: each build may issue version 1
