@@ -70,7 +70,8 @@ def flower_fedavg(task: str, rounds: int, workdir: Path) -> dict:
     return json.loads(out.read_text())
 
 
-def partners_sweep(counts: list[int], rounds: int = 2) -> dict:
+def partners_sweep(counts: list[int], rounds: int = 2, on_row=None) -> dict:
+    """The sweep of item 1 (module docstring); ``on_row(results so far)`` after each N."""
     from sealfl.clients.plugins import get_task
     from sealfl.he.codecs import params_for
     from sealfl.platform.campaign import CampaignSpec, run_campaign
@@ -100,6 +101,8 @@ def partners_sweep(counts: list[int], rounds: int = 2) -> dict:
             row["round_ratio"] = _median_round(row["encrypted"]["round_seconds"]) / \
                 _median_round(row["flower_fedavg"]["round_seconds"])
             out[str(n)] = row
+            if on_row is not None:
+                on_row(out)
     return out
 
 
@@ -107,11 +110,11 @@ def partners_sweep(counts: list[int], rounds: int = 2) -> dict:
 def cluster(nodes: int, cpus_per_node: int):
     """A token-protected loopback Ray cluster of ``nodes`` raylets, this process connected
     (tests/support/raycluster.py: started again if a raylet misses Ray's start-up deadline)."""
-    import ray
-
     from tests.support.raycluster import token_cluster
 
     with token_cluster(nodes=nodes, cpus_per_node=cpus_per_node) as c:
+        import ray  # after the token is in the environment: Ray reads its auth mode once
+
         ray.init(address=c.address, log_to_driver=False)
         try:
             yield c
@@ -169,26 +172,43 @@ def aggregation() -> dict:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--partners", default="4,64,256,1024")
-    ap.add_argument("--skip-sweep", action="store_true")
-    args = ap.parse_args()
-    res: dict = {"host_cpus": os.cpu_count(), "load_average_at_start": os.getloadavg()}
-    res["aggregation"] = aggregation()
-    res["partners"] = {} if args.skip_sweep else partners_sweep([int(x) for x in args.partners.split(",") if x])
-    res["load_average_at_end"] = os.getloadavg()
+def _save(res: dict) -> None:
+    """Targets from what is measured so far, then write OUT (after every step: a run stopped
+    part-way leaves a consistent file whose ``partners_not_measured`` says what is missing)."""
     p = res["partners"]
     peak = {n: p[n]["encrypted"]["run_peak_rss_bytes"] for n in p}
     grew = {n: p[n]["encrypted"]["run_peak_rss_bytes"] - p[n]["encrypted"]["run_start_rss_bytes"] for n in p
             if p[n]["encrypted"]["run_peak_rss_bytes"] and p[n]["encrypted"]["run_start_rss_bytes"]}
-    top = max((n for n in p if n != "64"), key=int, default=None)
+    top = max((n for n in p if int(n) > 64), key=int, default=None)
+    res["partners_not_measured"] = [n for n in res["partners_requested"] if str(n) not in p]
+    res["load_average_at_end"] = os.getloadavg()
     res["targets"] = {
         "round_ratio_le_1.5": {n: p[n]["round_ratio"] <= 1.5 for n in p},
         f"run_peak_rss_growth_64_to_{top}": (peak[top] / peak["64"]) if top and peak.get("64") else None,
         f"run_rss_increment_growth_64_to_{top}": (grew[top] / grew["64"]) if grew.get(top) and grew.get("64") else None,
         "two_node_ge_1.7x_one_node": res["aggregation"]["two_node_over_one_node"] >= 1.7,
     }
+    res["summary"] = {}
+    res["notes"] = ("one run on a shared 2-core box loaded by other work (load_average_*): figures are ratios "
+                    "within this run, not this CPU's capacity")
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(res, indent=2))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--partners", default="4,64,256,1024")
+    ap.add_argument("--skip-sweep", action="store_true")
+    args = ap.parse_args()
+    counts = [int(x) for x in args.partners.split(",") if x]
+    res: dict = {"host_cpus": os.cpu_count(), "load_average_at_start": os.getloadavg(),
+                 "partners_requested": [] if args.skip_sweep else counts, "partners": {}}
+    res["aggregation"] = aggregation()
+    _save(res)
+    if not args.skip_sweep:
+        partners_sweep(counts, on_row=lambda rows: _save({**res, "partners": rows}))
+        res = json.loads(OUT.read_text())
+    p = res["partners"]
     a = res["aggregation"]
     print(f"{'partners':>8} {'enc round s':>12} {'flwr round s':>13} {'ratio':>6} {'enc run RSS MiB':>16} "
           f"{'flwr run RSS MiB':>17}")
@@ -202,11 +222,6 @@ def main() -> None:
           f"(2/1 = {a['two_node_over_one_node']:.2f}; both on {os.cpu_count()} cores)")
     pr = a["projection"]
     print(f"projection: {pr['formula']} = {pr['seconds']:.1f} s for {pr['partners']} partners on {pr['cores']} cores")
-    res["summary"] = {}
-    res["notes"] = ("one run on a shared 2-core box loaded by other work (see load_average_*): figures are "
-                    "ratios within this run, not this CPU's capacity")
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(res, indent=2))
     print(f"wrote {OUT}")
 
 
