@@ -65,9 +65,28 @@ def flower_fedavg(task: str, rounds: int, workdir: Path) -> dict:
 
     out = workdir / f"flower-{task}.json"
     env = ray_environment({"mode": "embedded"}, dict(os.environ))
-    subprocess.run([sys.executable, str(Path(__file__).with_name("flower_fedavg.py")), task, str(rounds), str(out)],
-                   env=env, check=True, timeout=3600, stdout=subprocess.DEVNULL)
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("flower_fedavg.py")), task, str(rounds),
+                           str(out)], env=env, timeout=3600, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench/flower_fedavg.py {task} failed (rc {proc.returncode}): {proc.stderr[-3000:]}")
     return json.loads(out.read_text())
+
+
+#: Ray 2.55 gives a starting raylet a fixed 30 s to register (ray/_private/node.py), which
+#: a heavily loaded host misses now and then: such a run is started again, at most this often
+START_ATTEMPTS = 3
+
+
+def _retried(run):
+    """``run(attempt)``, again (a fresh campaign directory) when Ray missed its start-up deadline."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            return run(attempt)
+        except Exception as exc:
+            if attempt == START_ATTEMPTS or "timed out during startup" not in str(exc):
+                raise
+            print(f"[scale] Ray missed its start-up deadline (attempt {attempt}); starting the run again", flush=True)
 
 
 def partners_sweep(counts: list[int], rounds: int = 2, on_row=None) -> dict:
@@ -85,12 +104,12 @@ def partners_sweep(counts: list[int], rounds: int = 2, on_row=None) -> dict:
             row = {"task": task, "partners": len(partners), "rounds": rounds}
             t0 = time.perf_counter()
             cons, _ = create_consortium(Path(d) / f"c-{n}", "scale", partners, params=params_for("bfv"), task=task)
-            res = run_campaign(CampaignSpec(str(cons.dir), str(Path(d) / f"camp-{n}"), rounds=rounds,
-                                            min_partners=len(partners)))
+            res = _retried(lambda a: run_campaign(CampaignSpec(str(cons.dir), str(Path(d) / f"camp-{n}-{a}"),
+                                                               rounds=rounds, min_partners=len(partners))))
             row["encrypted"] = {"codec": "bfv", "round_seconds": [r["round_seconds"] for r in res.rounds],
                                 "lifetime_peak_rss_bytes": res.coordinator_peak_rss_bytes,
                                 **_rss(res.coordinator_run_rss), "wall_seconds": time.perf_counter() - t0}
-            fl = flower_fedavg(task, rounds, Path(d))
+            fl = _retried(lambda a: flower_fedavg(task, rounds, Path(d)))
             row["flower_fedavg"] = {"strategy": fl["strategy"], "round_seconds": fl["round_seconds"],
                                     **_rss(fl["run_rss"]), "wall_seconds": fl["wall_seconds"]}
             for label in ("encrypted", "flower_fedavg"):
@@ -199,11 +218,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--partners", default="4,64,256,1024")
     ap.add_argument("--skip-sweep", action="store_true")
+    ap.add_argument("--aggregation-from", type=Path,
+                    help="take the aggregation figures from this earlier scale.json of the same code, not measure them")
     args = ap.parse_args()
     counts = [int(x) for x in args.partners.split(",") if x]
     res: dict = {"host_cpus": os.cpu_count(), "load_average_at_start": os.getloadavg(),
                  "partners_requested": [] if args.skip_sweep else counts, "partners": {}}
-    res["aggregation"] = aggregation()
+    if args.aggregation_from:
+        earlier = json.loads(args.aggregation_from.read_text())
+        res["aggregation"] = earlier["aggregation"]
+        res["aggregation_run"] = {"load_average_at_start": earlier.get("load_average_at_start"),
+                                  "note": "measured by an earlier run of this script (same code), not this one"}
+    else:
+        res["aggregation"] = aggregation()
     _save(res)
     if not args.skip_sweep:
         partners_sweep(counts, on_row=lambda rows: _save({**res, "partners": rows}))
