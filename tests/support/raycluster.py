@@ -47,7 +47,7 @@ def token_cluster(nodes: int = 2, cpus_per_node: int = 2) -> Iterator:
 
 #: start-up attempts: Ray 2.55 gives a raylet a fixed 30 s to register with the GCS
 #: (``ray/_private/node.py``, not configurable), which a heavily loaded host can miss
-START_ATTEMPTS = 3
+START_ATTEMPTS = 5
 
 
 def _start(nodes: int, cpus_per_node: int):
