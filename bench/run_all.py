@@ -71,6 +71,7 @@ MANUAL = {"llm_quant_bench.py": "needs hf/ and corpus/ in its working directory 
           "run_all.py": "this driver",
           "llm.py": "needs llm-out/ from `make llm-demo` and builds llama.cpp: `make bench-llm`",
           "llm_llamacpp.py": "a module of llm.py",
+          "flower_fedavg.py": "a module of scale.py (its Flower FedAvg baseline, run with arguments)",
           "device_boot_tee.py": "the TPM/sim boot-time study behind device_boot_tee.md (swtpm; run by hand)",
           "device_footprint.py": "a before/after comparison of source trees given by --tree (run by hand)",
           "deploy_bench.py": "starts a SuperLink and 4 SuperNodes and runs two campaigns (~4 min): `make bench-deploy`"}

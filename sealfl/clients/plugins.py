@@ -38,6 +38,7 @@ TASKS = {
     # benchmark-only variants (bench/round_bench.py; sealfl.clients.heart.bench)
     "bench-heart-64": "sealfl.clients.heart.bench:BenchHeart64",
     "bench-heart-256": "sealfl.clients.heart.bench:BenchHeart256",
+    "bench-heart-1024": "sealfl.clients.heart.bench:BenchHeart1024",
     "bench-lora-8": "sealfl.clients.heart.bench:BenchLora8",
 }
 #: names earlier consortia stored

@@ -30,13 +30,15 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from sealfl.common.errors import ProcessInfoError
 
 ENV_TOKEN = "SEALFL_RUN_TOKEN"
 
 __all__ = ["ENV_TOKEN", "ProcStat", "parse_stat", "read_stat", "identity", "identity_alive", "run_members",
-           "kill_run", "set_parent_death_signal", "follow_parent_preexec", "parse_proc_net", "listening_sockets", "non_loopback"]
+           "kill_run", "set_parent_death_signal", "follow_parent_preexec", "parse_proc_net", "listening_sockets", "non_loopback",
+           "memory_status", "reset_peak_rss"]
 
 
 @dataclass(frozen=True)
@@ -163,6 +165,32 @@ def follow_parent_preexec(sig: int = signal.SIGKILL):
 # -- listening sockets ------------------------------------------------------------------
 
 _LISTEN = "0A"  # TCP_LISTEN in include/net/tcp_states.h
+
+
+def memory_status(pid: int | str = "self") -> dict[str, int]:
+    """``VmRSS`` (resident now) and ``VmHWM`` (resident peak) of a process in bytes, from
+    ``/proc/PID/status`` (proc(5)); {} if the process is gone or the fields are missing."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM") and value.strip().endswith("kB"):
+            out[key] = int(value.split()[0]) * 1024
+    return out
+
+
+def reset_peak_rss(pid: int | str = "self") -> bool:
+    """Reset a process's resident peak (``VmHWM``) to its current RSS by writing ``5`` to
+    ``/proc/PID/clear_refs`` (proc(5), Linux >= 4.0), so a later ``VmHWM`` is the peak
+    since now, not a start-up peak. Returns False where that is not allowed."""
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
 
 
 def parse_proc_net(text: str, ipv6: bool) -> list[tuple[str, int, str]]:

@@ -115,7 +115,10 @@ class CampaignSpec:
 class CampaignResult:
     """What a finished campaign left in ``out_dir``: its status and per-round records,
     which Ray ran it (``{"gcs_address", "started_here", "mode", "auth", "loopback_only"}``)
-    and the peak RSS (bytes) of the worker process that ran the aggregator (None if unknown)."""
+    and the peak RSS (bytes) of the worker process that ran the aggregator (None if unknown):
+    ``coordinator_peak_rss_bytes`` over its life (imports and Ray's start-up included),
+    ``coordinator_run_rss`` over the Flower run only (``{"start_bytes", "peak_bytes",
+    "method"}``: RSS as the run starts and its peak after, :mod:`sealfl.platform.worker`)."""
 
     out_dir: Path
     status: dict
@@ -123,6 +126,7 @@ class CampaignResult:
     seconds: float
     ray: dict = field(default_factory=dict)
     coordinator_peak_rss_bytes: int | None = None
+    coordinator_run_rss: dict = field(default_factory=dict)
 
 
 #: most rounds one campaign may ask for (Flower's own examples run tens to hundreds)
@@ -371,7 +375,8 @@ def simulate_prepared(spec: CampaignSpec, cons: Consortium, cd: CampaignDir, pla
     if requested():  # the signal came as the last round ended: say so, lose nothing
         raise Interrupted(requested(), f"campaign {cd.dir} had finished all {status.get('num_rounds')} rounds when "
                                        f"{signal_name(requested())} arrived; it is complete")
-    return CampaignResult(cd.dir, status, cd.rounds(), seconds, result.get("ray", {}), result.get("peak_rss_bytes"))
+    return CampaignResult(cd.dir, status, cd.rounds(), seconds, result.get("ray", {}), result.get("peak_rss_bytes"),
+                          result.get("run_rss") or {})
 
 
 def _tell_ray_protection(cd: CampaignDir) -> bool:

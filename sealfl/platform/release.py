@@ -5,6 +5,11 @@ Provisioning (at consortium set-up): :func:`provision_release_enclave` creates t
 release enclave (``<consortium>/enclave``), seals the HE secret context into it and
 exports the device trust anchors (``<consortium>/trust``).
 
+On a Ray cluster (``ray_address``, ``--ray-address``) the ONNX export and the INT8
+quantisation run as Ray tasks (:mod:`sealfl.platform.tabular_build`; the LLM's INT4/INT8
+variants: :func:`sealfl.platform.llm.build.quantize_variants`) and the gate's evaluations
+in the partners' ClientApp actors there; the release is the same bytes either way.
+
 Quantisation: :mod:`sealfl.platform.quantize` (per-row int8 activations, 7-bit weights:
 each row's answer is independent of the batch and of the CPU). The release carries a
 signed canary (:mod:`sealfl.platform.canary`) that devices check before they accept it;
@@ -22,7 +27,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sealfl.clients.plugins import get_task
@@ -32,13 +37,14 @@ from sealfl.enclave.release.keyholder import KeyHolder
 from sealfl.he.errors import CiphertextError, DecryptedValueError, ServerOptError
 from sealfl.he.server_opt import ServerOpt
 from sealfl.platform import supervisor
-from sealfl.platform.canary import build_canary, canary_rows, self_check
+from sealfl.platform.canary import self_check
 from sealfl.platform.consortium import Consortium
 from sealfl.platform.errors import ReleaseError
 from sealfl.platform.fedeval import federated_evaluate
 from sealfl.platform.provenance import campaign_provenance
-from sealfl.platform.quantize import SCHEME, quantize_int8
+from sealfl.platform.quantize import SCHEME
 from sealfl.platform.register import check_new_version, mark_issued, read_register, reserve, unreserve
+from sealfl.platform.tabular_build import build_tabular_candidates
 from sealfl.server.bookkeeping import CampaignDir
 from sealfl.server.errors import CampaignDirError
 
@@ -253,6 +259,8 @@ class ReleaseResult:
         sizes: ``{"fp32_onnx_bytes", "int8_onnx_bytes"}``.
         params: the decrypted global model (float64, (14,)).
         seconds: wall time of the pipeline.
+        nodes: build step -> the Ray node id it ran on, or ``"local"`` (tabular releases:
+            ``export``, ``quantize``; see :mod:`sealfl.platform.tabular_build`).
     """
 
     summary: dict
@@ -260,6 +268,7 @@ class ReleaseResult:
     sizes: dict
     params: list
     seconds: float
+    nodes: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -277,6 +286,7 @@ class ReleaseJob:
         evaluation: keyword arguments for :func:`federated_evaluate` (``ray_address``,
             ``client_app``, ``client_app_kwargs``, ``app_dir``).
         on_stage: called with each stage's name as it starts, or None.
+        nodes: filled by the builder: build step -> Ray node id or ``"local"``.
     """
 
     cons: Consortium
@@ -293,6 +303,7 @@ class ReleaseJob:
     max_drop: float
     evaluation: dict
     on_stage: object = None
+    nodes: dict = field(default_factory=dict)
 
 
 def release(consortium_dir: str | Path, campaign_dir: str | Path, out_dir: str | Path, *, version: int,
@@ -350,7 +361,7 @@ def release(consortium_dir: str | Path, campaign_dir: str | Path, out_dir: str |
                      {"ray_address": ray_address, "client_app": client_app, "client_app_kwargs": client_app_kwargs,
                       "app_dir": app_dir}, on_stage)
     summary, accuracy, sizes, released = builder(job)
-    return ReleaseResult(summary, accuracy, sizes, released, time.perf_counter() - t0)
+    return ReleaseResult(summary, accuracy, sizes, released, time.perf_counter() - t0, dict(job.nodes))
 
 
 def release_tabular(job: ReleaseJob) -> tuple[dict, dict, dict, list]:
@@ -364,15 +375,10 @@ def release_tabular(job: ReleaseJob) -> tuple[dict, dict, dict, list]:
     ckpt, campaign_dir, out_dir, version, name = job.ckpt, job.campaign_dir, job.out_dir, job.version, job.name
     max_drop = job.max_drop
     stage = job.on_stage or (lambda _name: None)
-    stage("export ONNX")
-    fp32 = task.to_onnx(params, mean, std)
-    try:
-        stage("quantize INT8 and build the canary")
-        int8 = quantize_int8(fp32)
-        canary = build_canary(int8, task.input_name, task.output_name,
-                              canary_rows(task.input_features, mean, std))
-    except ValueError as exc:
-        raise ReleaseError(f"cannot quantise the model: {exc}") from exc
+    stage("export ONNX, quantize INT8 and build the canary")
+    built = build_tabular_candidates(task.name, params, mean, std, ray_address=job.evaluation.get("ray_address"))
+    fp32, int8, canary = built.fp32, built.int8, built.canary
+    job.nodes.update(built.nodes)
     self_check(int8, canary)
     try:
         supervisor.check()

@@ -76,8 +76,9 @@ def run_job(job: dict) -> dict:
 
         cd = CampaignDir(job["campaign_dir"])
         cd.amend_status(ray=ray_info)
-        failure = run_flower(make_server_app(ServerConfig.load(cd.dir)), client_app, job["num_supernodes"],
-                             **run)
+        app = make_server_app(ServerConfig.load(cd.dir))
+        rss = _RunRss()  # from here: the Flower run itself, not the imports and Ray's start-up
+        failure = run_flower(app, client_app, job["num_supernodes"], **run)
         if failure is not None:
             raise CampaignError(f"{type(failure).__name__}: {failure}") from failure
     elif kind == "fedeval":
@@ -97,6 +98,7 @@ def run_job(job: dict) -> dict:
                                    limits=ReplyLimits(**ev["limits"]), expected_n=ev["expected_n"],
                                    reference_names=ev.get("reference_names", ()), sums=ev.get("sums", ()),
                                    global_arrays=global_arrays, config=ev.get("config"))
+        rss = _RunRss()
         failure = run_flower(app, client_app, job["num_supernodes"], **run)
         if failure is not None:
             raise ReleaseError(f"{type(failure).__name__}: {failure}") from failure
@@ -105,7 +107,26 @@ def run_job(job: dict) -> dict:
     import resource
 
     # this process hosts the ServerApp and Flower's simulation driver: the coordinator
-    return {"ray": ray_info, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    return {"ray": ray_info, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "run_rss": rss.done()}
+
+
+class _RunRss:
+    """The coordinator's resident memory over the Flower run: RSS when it starts, and the
+    peak after it (``VmHWM`` reset at the start by :func:`~sealfl.common.procs.reset_peak_rss`;
+    where that is refused, the lifetime peak, said so in ``method``)."""
+
+    def __init__(self):
+        from sealfl.common.procs import memory_status, reset_peak_rss
+
+        self.reset = reset_peak_rss()
+        self.start = memory_status().get("VmRSS")
+
+    def done(self) -> dict:
+        from sealfl.common.procs import memory_status
+
+        return {"start_bytes": self.start, "peak_bytes": memory_status().get("VmHWM"),
+                "method": "VmHWM after clear_refs 5 at the run's start" if self.reset else "VmHWM (lifetime)"}
 
 
 def _die_with_supervisor() -> None:

@@ -183,3 +183,20 @@ def test_numpy_integer_seeds_give_the_same_split():
     a, b = load_partitions(seed=43), load_partitions(seed=np.int64(43))
     for p, q in zip(a, b):
         np.testing.assert_array_equal(p.x_test, q.x_test)
+
+
+def test_bench_tasks_deal_every_partner_rows_up_to_1024_partners():
+    """bench/scale.py's simulated partners: up to 256 the rows are dealt j, j+K, ... (as
+    before); at 1,024 (more partners than the 490 training rows) partner j reuses split
+    j mod 490 instead of getting none."""
+    from sealfl.clients.heart.bench import BenchHeart256, BenchHeart1024
+
+    big, small = BenchHeart1024(), BenchHeart256()
+    cfg = small.train_defaults()
+    xtr = small._pool(42)[0]
+    assert len(xtr) < big.k
+    for j in (0, 255):
+        np.testing.assert_array_equal(small.load_data(small.partners[j], cfg).x_train, xtr[j::256])
+    sizes = [big.n_train(big.load_data(p, cfg)) for p in big.partners[::37] + big.partners[-3:]]
+    assert min(sizes) >= 1
+    np.testing.assert_array_equal(big.load_data(big.partners[len(xtr) + 5], cfg).x_train, xtr[5::len(xtr)])

@@ -8,6 +8,7 @@ authentication mode and token a process uses, so an earlier test's token-less lo
 the same pytest process would make this cluster unreachable.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -32,12 +33,39 @@ def cluster():
 
 
 @pytest.fixture(scope="module")
-def consortium(tmp_path_factory):
+def consortium_codec(tmp_path_factory):
     from sealfl.platform.release import provision_release_enclave
 
     cons, codec = create_consortium(tmp_path_factory.mktemp("consortium") / "c", "heart", list(HOSPITALS))
     provision_release_enclave(cons, codec.secret_context_bytes())  # its key holder opens the final models below
-    return cons
+    return cons, codec
+
+
+@pytest.fixture(scope="module")
+def consortium(consortium_codec):
+    return consortium_codec[0]
+
+
+def _fabricated_campaign(cons, codec, camp) -> None:
+    """A finished one-round campaign as the aggregator leaves it (tests/support/releases.py),
+    its model trained here on the pooled rows: the release tests need its checkpoint, not a
+    Flower run."""
+    from sealfl.clients.heart.data import load_partitions
+    from sealfl.clients.heart.stats import local_sums
+    from sealfl.clients.heart.task import HeartTask, TrainConfig
+    from sealfl.he.decrypted import update_share
+    from sealfl.he.framed import WIDE
+    from sealfl.server.bookkeeping import CampaignDir
+    from tests.support.releases import commit_round
+
+    parts = load_partitions()
+    x, y = np.concatenate([p.x_train for p in parts]), np.concatenate([p.y_train for p in parts])
+    task = HeartTask()
+    params, _ = task.train(task.init_params(), x, y, x.mean(0), x.std(0), TrainConfig(local_epochs=10), 0)
+    total = int(sum(p.n_train for p in parts))
+    commit_round(camp, 1, codec.encrypt(update_share(params, total, total, codec.WEIGHTING)), float(total),
+                 codec.encrypt(sum(local_sums(p.x_train) for p in parts), WIDE), list(HOSPITALS))
+    CampaignDir(camp, 1).set_status(status="finished", round=1, stats_declared_n=total)
 
 
 def _model(cons, camp) -> np.ndarray:
@@ -179,6 +207,120 @@ def test_the_llm_release_variants_build_at_once_on_two_nodes_with_the_same_bytes
     for v in VARIANTS:
         direct = quantize_llm(proto, v, eight_bit=adapted)
         assert hashlib.sha256(remote[v]).digest() == hashlib.sha256(local[v]).digest() == hashlib.sha256(direct).digest()
+
+
+def _release_files(d) -> dict:
+    """A release directory's files with what randomised signatures change blanked: the
+    release key and the sim TEE's attestation key sign with randomised ECDSA (FIPS 186-3, a
+    fresh nonce per signature), so the signature values differ between two builds, and so
+    do ``model.sig``'s digests of the files that hold them (and its subject, a digest over
+    all). Everything else is kept, DSSE payloads decoded."""
+    import base64
+    from pathlib import Path
+
+    signed = {"manifest.dsse.json", "attestation.json", "provenance.dsse.json"}
+
+    def blank(v):
+        if isinstance(v, dict):
+            return {k: "<sig>" if k in ("sig", "signature") else blank(x) for k, x in v.items()}
+        return [blank(x) for x in v] if isinstance(v, list) else v
+
+    out = {}
+    for f in sorted(Path(d).iterdir()):
+        data = f.read_bytes()
+        if f.name == "model.sig":
+            doc = json.loads(data)
+            statement = json.loads(base64.b64decode(doc["dsseEnvelope"]["payload"]))
+            for r in statement["predicate"]["resources"]:
+                if r["name"] in signed:
+                    r["digest"] = "<digest of a file holding a signature>"
+            for sub in statement["subject"]:
+                sub["digest"] = "<digest over those>"
+            doc["dsseEnvelope"]["payload"] = statement
+            out[f.name] = blank(doc)
+        elif f.name in signed:
+            doc = json.loads(data)
+            if "payload" in doc:
+                doc["payload"] = json.loads(base64.b64decode(doc["payload"]))
+            out[f.name] = blank(doc)
+        else:
+            out[f.name] = data
+    return out
+
+
+def _client_actors() -> dict:
+    """Flower's ClientApp actors this cluster has run: actor id -> node id (dead ones too)."""
+    from ray._private import state
+
+    return {a["ActorID"]: a["Address"]["NodeID"] for a in state.actors().values()
+            if a["ActorClassName"] == "ClientAppActor"}
+
+
+def test_the_heart_release_is_the_same_built_in_process_on_one_node_and_on_two(cluster, consortium_codec, tmp_path):
+    """The release pipeline as Ray tasks (issue 22, item 3): export and INT8 quantisation are
+    tasks on the cluster given, the gate's evaluations run in the partners' ClientApp actors
+    on it. On a 1-node and on the 2-node token cluster the release is the same -- root
+    digest, model and every file, apart from the randomised ECDSA signature values -- and
+    its model, canary and gate figures are those of the in-process build."""
+    import shutil
+
+    import ray
+
+    from sealfl.clients.plugins import get_task
+    from sealfl.enclave.release.enclave import ReleaseEnclave
+    from sealfl.enclave.release.keyholder import KeyHolder
+    from sealfl.platform.release import enclave_dir, finished_checkpoint, open_final_model, release
+    from sealfl.platform.tabular_build import build_tabular_candidates
+
+    consortium, codec = consortium_codec
+    camp = tmp_path / "camp"
+    _fabricated_campaign(consortium, codec, camp)
+
+    def build(label, address):
+        cons_dir = tmp_path / f"cons-{label}"  # its own copy: each build may issue version 1
+        shutil.copytree(consortium.dir, cons_dir)
+        return release(cons_dir, camp, tmp_path / f"rel-{label}", version=1, ray_address=address)
+
+    results = {}
+    with token_cluster(nodes=1, cpus_per_node=2) as one:
+        results["one"] = build("one", one.address)
+        ray.init(address=one.address, log_to_driver=False)
+        try:
+            one_node = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        finally:
+            ray.shutdown()
+    ray.init(address=cluster.address, log_to_driver=False)
+    try:
+        alive, before = {n["NodeID"] for n in ray.nodes() if n["Alive"]}, _client_actors()
+    finally:
+        ray.shutdown()
+    results["two"] = build("two", cluster.address)
+    ray.init(address=cluster.address, log_to_driver=False)
+    try:
+        gate = {a: node for a, node in _client_actors().items() if a not in before}
+    finally:
+        ray.shutdown()
+
+    assert set(results["one"].nodes) == {"export", "quantize"} and set(results["one"].nodes.values()) == one_node
+    assert set(results["two"].nodes.values()) <= alive and len(alive) == 2
+    assert gate and set(gate.values()) == alive  # the partners' gate evaluations ran on both nodes
+    assert results["one"].summary["root_digest"] == results["two"].summary["root_digest"]
+    files = {k: _release_files(tmp_path / f"rel-{k}") for k in results}
+    assert set(files["one"]) >= {"model.int8.onnx", "manifest.json", "model.sig", "provenance.dsse.json"}
+    assert files["two"].keys() == files["one"].keys()
+    assert [n for n in files["two"] if files["two"][n] != files["one"][n]] == []
+    sigs = {k: json.loads((tmp_path / f"rel-{k}" / "manifest.dsse.json").read_bytes())["signatures"][0]["sig"]
+            for k in results}
+    assert sigs["one"] != sigs["two"]  # the signatures are randomised: blanking them is what makes files equal
+    assert results["one"].accuracy["int8"]["pooled"] == results["two"].accuracy["int8"]["pooled"]
+    # in-process (no Ray): the same model and canary
+    keys = KeyHolder(ReleaseEnclave.open(enclave_dir(consortium)), consortium.he_params,
+                     bytes.fromhex(consortium.context_id))
+    params, mean, std = open_final_model(keys, finished_checkpoint(camp), get_task("heart"), camp)
+    local = build_tabular_candidates("heart", params, mean, std)
+    assert local.nodes == {"export": "local", "quantize": "local"}
+    assert local.int8 == (tmp_path / "rel-two" / "model.int8.onnx").read_bytes() and len(local.int8) > 1000
+    assert local.canary == json.loads((tmp_path / "rel-one" / "manifest.json").read_bytes())["metadata"]["canary"]
 
 
 def test_killing_a_worker_node_mid_campaign_loses_no_round(cluster, consortium, tmp_path):

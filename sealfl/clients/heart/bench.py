@@ -1,13 +1,13 @@
 """Benchmark-only task variants of the heart task (issue 9): many simulated partners
 (P6) and a LoRA-sized update (P2.lora). Registered in :data:`sealfl.clients.plugins.TASKS`
-as ``bench-heart-64``, ``bench-heart-256`` and ``bench-lora-8``; nothing but
-``bench/round_bench.py`` creates consortia with them.
+as ``bench-heart-64``, ``bench-heart-256``, ``bench-heart-1024`` and ``bench-lora-8``; nothing
+but ``bench/round_bench.py`` and ``bench/scale.py`` create consortia with them.
 
 - Partners ``sim-000`` ... : the 4 hospitals' pooled training rows dealt round-robin
   (partner j gets rows j, j+K, ...; 490 rows give every partner of 256 at least one),
-  and the pooled test rows likewise (with fewer test rows than partners, partner j
-  reuses split ``j mod n_test``; pooled accuracy then counts some rows twice -- these
-  tasks measure time and memory, not accuracy).
+  and the pooled test rows likewise (with fewer rows than partners -- test rows from 64
+  partners on, training rows at 1,024 -- partner j reuses split ``j mod n_rows``; pooled
+  figures then count some rows twice -- these tasks measure time and memory, not accuracy).
 - ``pad`` extra parameters after the heart model's 14: a stand-in for LoRA adapters
   (each round a partner moves them by a seeded N(0, 0.01) step; shares stay far inside
   the codec's ±8), so the update has the size of SmolLM2's adapters (460,800 values).
@@ -55,9 +55,9 @@ class SplitHeartTask:
     def load_data(self, partner: str, config) -> Partition:
         j = self.partners.index(partner)
         xtr, ytr, xte, yte = self._pool(int(config.get("data-seed", 42)))
-        t = j % min(self.k, len(yte))
-        step_t = min(self.k, len(yte))
-        return Partition(partner, xtr[j::self.k], ytr[j::self.k], xte[t::step_t], yte[t::step_t])
+        step, step_t = min(self.k, len(ytr)), min(self.k, len(yte))
+        r, t = j % step, j % step_t
+        return Partition(partner, xtr[r::step], ytr[r::step], xte[t::step_t], yte[t::step_t])
 
     def local_stats(self, data) -> np.ndarray:
         from sealfl.clients.heart.stats import local_sums
@@ -87,6 +87,10 @@ class BenchHeart64(SplitHeartTask):
 
 class BenchHeart256(SplitHeartTask):
     name, k = "bench-heart-256", 256
+
+
+class BenchHeart1024(SplitHeartTask):
+    name, k = "bench-heart-1024", 1024
 
 
 class BenchLora8(SplitHeartTask):
