@@ -192,7 +192,10 @@ def _tuf_error(exc: Exception, what: str, stage: str | None = None) -> UpdateErr
 
 
 def _download(updater, target: str, dest: Path, limits: UpdateLimits, budget: list[int],
-              check=None) -> bytes:
+              check=None, read: bool = False) -> bytes | None:
+    """Download ``target`` to ``dest`` through python-tuf (length and hashes checked against
+    its signed metadata, within the device's caps); its bytes when ``read`` (a small document
+    the caller parses), else None: a model file is never held in memory here."""
     try:
         info = updater.get_targetinfo(target)
     except (tuf_exc.RepositoryError, tuf_exc.DownloadError) as exc:
@@ -209,6 +212,8 @@ def _download(updater, target: str, dest: Path, limits: UpdateLimits, budget: li
         updater.download_target(info, str(dest))
     except (tuf_exc.RepositoryError, tuf_exc.DownloadError) as exc:
         raise _tuf_error(exc, f"downloading {target}", "download") from exc
+    if not read:
+        return None
     with open(dest, "rb") as fh:
         return fh.read(info.length + 1)
 
@@ -230,7 +235,7 @@ def _try_delta(updater, trust_dir: Path, state_root: Path, running, rel, staging
     try:
         (delta_dir / PATCH_DIR).mkdir(mode=0o700, parents=True)
         budget = [limits.max_release_bytes]
-        data = _download(updater, target, delta_dir / DELTA_FILE, limits, budget)
+        data = _download(updater, target, delta_dir / DELTA_FILE, limits, budget, read=True)
         st = verify_delta_statement(data, load_trust_anchors(trust_dir).release_public_keys)
         if (st.name, st.version, st.root_digest) != (rel.name, rel.version, rel.root_digest):
             raise DeltaError(f"the delta produces {st.name} v{st.version} ({st.root_digest}), not the indexed "
@@ -326,7 +331,7 @@ def _update_locked(trust_dir: Path, repo_url: str, state_root: Path, name: str |
     staging = Path(tempfile.mkdtemp(prefix=f".{state_root.name}.update-", dir=state_root.parent))
     try:
         budget = [min(MAX_INDEX_BYTES, limits.max_release_bytes)]
-        index_data = _download(updater, INDEX_TARGET, staging / ".index.json", limits, budget)
+        index_data = _download(updater, INDEX_TARGET, staging / ".index.json", limits, budget, read=True)
         try:
             choice = choose_update(parse_index(index_data), follow, running.version if running else None,
                                    running.root_digest if running else None)
