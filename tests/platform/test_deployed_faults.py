@@ -29,7 +29,7 @@ from sealfl.platform.campaign import CampaignSpec, run_campaign
 from sealfl.platform.consortium import create_consortium
 from sealfl.platform.errors import DeploymentError
 from sealfl.server.bookkeeping import CampaignDir
-from tests.platform.test_deployment import _env, _free_port, _online, _wait
+from tests.platform.test_deployment import _alive, _descendants, _env, _free_port, _online, _wait
 
 pytestmark = pytest.mark.slow
 
@@ -193,7 +193,11 @@ def _committed(cd: CampaignDir, proc: subprocess.Popen, k: int = 1):
 def _restart_partner(fed, p: str, extra_env: dict | None = None) -> None:
     """kill -9 partner ``p``'s process, wait until the SuperLink sees its node offline (Flower
     1.42: two missed heartbeats, HEARTBEAT_S each; until then the same key is refused), start it again."""
+    tree = _descendants(fed.procs[p].pid)  # its SuperNode, SuperExec and the ClientApp of a message in work
+    assert tree, f"{p}'s partner process runs no SuperNode"
     fed.kill(p)
+    # none of them outlives it (a ClientApp orphaned mid-message used to: ppid 1)
+    _wait(lambda: not [q for q in tree if _alive(q)], f"every Flower process of {p} gone", 30)
     _wait(lambda: _online_now(fed.home) == len(PARTNERS) - 1, f"{p}'s SuperNode offline", 120)
     fed.start_partner(p, extra_env)
 
