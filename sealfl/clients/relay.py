@@ -17,6 +17,14 @@ Wire format over the Unix socket (one request per connection)::
 Big-endian lengths, each at most :data:`MAX_FRAME` bytes. The socket lives in a directory
 of mode 0700 and the server accepts only peers of its own uid (``SO_PEERCRED``); a frame
 that is too long or cut short ends that connection and nothing else.
+
+Process lifetime: the ``flwr-clientapp`` process running :data:`app` is a child of the
+SuperNode's SuperExec, and Flower ends it only through a thread polling ``--parent-pid``
+whose SIGINT handler first tries to push a status to the (dead) SuperNode; a ClientApp whose
+SuperNode was killed with -9 mid-message was seen to outlive it (ppid 1). On the relayed
+path, :func:`follow_superexec` has the kernel SIGKILL this process when its parent dies
+(``PR_SET_PDEATHSIG``; SuperExec starts ClientApps from its main thread, which the signal
+follows), and ends it at once if the parent named by ``--parent-pid`` is already gone.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from flwr.clientapp import ClientApp
 
 log = logging.getLogger(__name__)
 
-__all__ = ["app", "PartnerRelay", "RelayError", "MAX_FRAME", "SOCKET_KEY"]
+__all__ = ["app", "PartnerRelay", "RelayError", "MAX_FRAME", "SOCKET_KEY", "follow_superexec"]
 
 #: node_config key naming the partner process's socket
 SOCKET_KEY = "partner-socket"
@@ -86,9 +94,38 @@ def relay(path: str, msg: Message, context: Context) -> Message:
     return Message(content=reply.content, reply_to=msg)
 
 
+_following = False
+
+
+def follow_superexec(argv: list[str] | None = None) -> None:
+    """Make this process die with its parent (module docstring): ``PR_SET_PDEATHSIG`` =
+    SIGKILL, then ``os._exit(1)`` if the parent is no longer the one ``--parent-pid`` in
+    ``argv`` (default ``sys.argv``, Flower's ``flwr-clientapp`` command line) names. Once per
+    process; Linux only (raises OSError if prctl fails)."""
+    global _following
+    if _following:
+        return
+    import sys
+
+    from sealfl.common.procs import set_parent_death_signal
+
+    args = sys.argv if argv is None else argv
+    set_parent_death_signal()
+    _following = True
+    if "--parent-pid" in args[:-1]:
+        try:
+            expected = int(args[args.index("--parent-pid") + 1])
+        except ValueError:
+            return
+        if os.getppid() != expected:  # SuperExec died before the signal was armed
+            log.error("flwr-clientapp: its SuperExec (pid %d) is gone; exiting", expected)
+            os._exit(1)
+
+
 def _handle(msg: Message, context: Context) -> Message:
     path = context.node_config.get(SOCKET_KEY)
     if path:
+        follow_superexec()
         return relay(str(path), msg, context)
     from sealfl.clients import app as partner
 

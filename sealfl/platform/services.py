@@ -83,19 +83,34 @@ def superlink_command(kit: Path, host: str, port: int, database: Path) -> list[s
             "--disable-runtime-dependency-installation", "--host", host, "--port", str(port)]
 
 
-def supernode_command(kit: Path, superlink: str, local_port: int, *, relay_socket: str | None = None) -> list[str]:
+def supernode_command(kit: Path, superlink: str, local_port: int, *, relay_socket: str | None = None,
+                      heartbeat_s: float | None = None) -> list[str]:
     """The ``flower-supernode`` command line for the partner kit ``kit`` joining ``superlink``
     (``HOST:PORT``), run as ``python -m sealfl.platform.supernode_main`` (Flower's entry
     point with shorter fixed waits); its own ClientApp API listens on 127.0.0.1:``local_port``. With
     ``relay_socket`` the per-message ClientApp hands each message to the partner process
-    listening there (:mod:`sealfl.clients.relay`)."""
+    listening there (:mod:`sealfl.clients.relay`); with ``heartbeat_s`` the SuperNode's
+    heartbeat interval in seconds (Flower's 30 s otherwise; see :mod:`sealfl.platform.supernode_main`).
+
+    Raises:
+        DeploymentError: a kit file missing, ``superlink`` not HOST:PORT, or ``heartbeat_s``
+            outside what the SuperLink accepts (10..1800 s).
+    """
     check_kit_files(kit, [CA_FILE, SUPERNODE_KEY_FILE, "kit.json"], "partner")
     parse_hostport(superlink)
     k = kit.resolve()
     node = {"kit-dir": str(k)}
     if relay_socket is not None:
         node["partner-socket"] = relay_socket
-    return [sys.executable, "-m", SUPERNODE_MAIN, "--superlink", superlink, "--root-certificates",
+    beat: list[str] = []
+    if heartbeat_s is not None:
+        from sealfl.platform.supernode_main import HEARTBEAT_ARG, heartbeat_bounds
+
+        low, high = heartbeat_bounds()
+        if not low <= heartbeat_s <= high:
+            raise DeploymentError(f"--heartbeat {heartbeat_s:g} s: the SuperLink accepts {low:g} to {high:g} s")
+        beat = [HEARTBEAT_ARG, f"{heartbeat_s:g}"]
+    return [sys.executable, "-m", SUPERNODE_MAIN, *beat, "--superlink", superlink, "--root-certificates",
             str(k / CA_FILE), "--auth-supernode-private-key", str(k / SUPERNODE_KEY_FILE),
             "--node-config", flwr_cli.toml_config(node), "--host", "127.0.0.1", "--port", str(local_port)]
 

@@ -1,5 +1,5 @@
-"""``python -m sealfl.platform.supernode_main ARGS``: Flower's own ``flower-supernode``, with
-shorter fixed waits.
+"""``python -m sealfl.platform.supernode_main [--heartbeat-interval S] ARGS``: Flower's own
+``flower-supernode``, with shorter fixed waits and, optionally, another heartbeat interval.
 
 ``sealfl partner start`` runs the SuperNode through this module: it replaces, in Flower's
 module only, the fixed sleeps of the SuperNode's message loop and then calls Flower's
@@ -24,6 +24,18 @@ those sleeps (its source), so a Flower upgrade that moves them fails loudly here
 
 Cost: an idle SuperNode pulls every :data:`IDLE_PULL_S` seconds instead of every 3 s (one
 small HTTPS request to the SuperLink each time).
+
+Heartbeat (``--heartbeat-interval S``, taken off the arguments before Flower sees them; Flower
+1.42 has no flag for it): the SuperNode declares ``HEARTBEAT_DEFAULT_INTERVAL`` (30 s) to the
+SuperLink when it activates and in each heartbeat, and sends one every ``(interval - 5 s) x
+0.7..0.9``; the SuperLink lists the node offline ``HEARTBEAT_PATIENCE`` (2) intervals after
+the last one (``flwr/common/constant.py``, ``flwr/supercore/heartbeat.py``,
+``flwr/supernode/fleet_http_connection.py``, ``sql_linkstate.py``). :func:`set_heartbeat`
+replaces that constant in the two SuperNode-side modules only (the SuperLink's bounds
+``HEARTBEAT_MIN_INTERVAL``..``HEARTBEAT_MAX_INTERVAL``, 10..1800 s, are checked first), so with
+``S`` = 10 a SuperNode that dies is offline after at most 20 s instead of 60 s -- and until then
+a restarted SuperNode with the same key is refused. Cost: one small heartbeat request every
+~4 s instead of every ~20 s.
 """
 
 from __future__ import annotations
@@ -37,7 +49,8 @@ from types import ModuleType
 
 from sealfl.platform.errors import DeploymentError
 
-__all__ = ["IDLE_PULL_S", "REPLY_POLL_S", "FLWR_WAITS", "Waits", "patch", "main"]
+__all__ = ["IDLE_PULL_S", "REPLY_POLL_S", "FLWR_WAITS", "HEARTBEAT_ARG", "Waits", "patch", "heartbeat_bounds",
+           "set_heartbeat", "split_heartbeat", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +63,11 @@ REPLY_POLL_S = 0.05
 #: Flower's sleep (seconds) -> ours, and the function of start_client_internal.py that sleeps it
 FLWR_WAITS: Mapping[float, float] = {3: IDLE_PULL_S, 0.5: REPLY_POLL_S}
 _WHERE = {3: ("start_client_internal", "time.sleep(3)"), 0.5: ("_push_messages", "time.sleep(0.5)")}
+#: the launcher's own option (seconds); removed from the arguments before Flower parses them
+HEARTBEAT_ARG = "--heartbeat-interval"
+#: module -> what its source must contain for the heartbeat constant to be the one it uses
+_HEARTBEAT_USES = {"flwr.supernode.fleet_http_connection": "heartbeat_interval=HEARTBEAT_DEFAULT_INTERVAL",
+                   "flwr.supercore.heartbeat": "HEARTBEAT_DEFAULT_INTERVAL - HEARTBEAT_CALL_TIMEOUT"}
 
 
 class Waits:
@@ -115,11 +133,68 @@ def patch(module: ModuleType | None = None, waits: Mapping[float, float] = FLWR_
     return shim
 
 
+def heartbeat_bounds() -> tuple[float, float]:
+    """The heartbeat intervals (seconds) Flower's SuperLink accepts: ``HEARTBEAT_MIN_INTERVAL``,
+    ``HEARTBEAT_MAX_INTERVAL`` (flwr 1.42: 10, 1800; ``fleet_handlers._validate_heartbeat_interval``)."""
+    from flwr.common import constant
+
+    return float(constant.HEARTBEAT_MIN_INTERVAL), float(constant.HEARTBEAT_MAX_INTERVAL)
+
+
+def set_heartbeat(interval_s: float, modules: dict[str, ModuleType] | None = None) -> None:
+    """Make this process's SuperNode declare and keep ``interval_s`` seconds as its heartbeat
+    interval (module docstring). ``modules``: the modules to patch by name (tests pass copies).
+
+    Raises:
+        DeploymentError: ``interval_s`` outside :func:`heartbeat_bounds`, or Flower no longer
+            uses the constant where this expects it (nothing is patched then).
+    """
+    import importlib
+
+    low, high = heartbeat_bounds()
+    if not low <= float(interval_s) <= high:
+        raise DeploymentError(f"{HEARTBEAT_ARG} {interval_s:g}: the SuperLink accepts {low:g} to {high:g} seconds")
+    mods = modules or {name: importlib.import_module(name) for name in _HEARTBEAT_USES}
+    for name, use in _HEARTBEAT_USES.items():
+        mod = mods[name]
+        try:
+            source = inspect.getsource(mod)
+        except (OSError, TypeError) as exc:
+            raise DeploymentError(f"{name} is unreadable ({exc}); update sealfl.platform.supernode_main") from exc
+        if not isinstance(getattr(mod, "HEARTBEAT_DEFAULT_INTERVAL", None), (int, float)) or use not in source:
+            raise DeploymentError(f"{name} no longer uses HEARTBEAT_DEFAULT_INTERVAL as '{use}' (flwr changed): "
+                                  "update sealfl.platform.supernode_main")
+    for name in _HEARTBEAT_USES:
+        mods[name].HEARTBEAT_DEFAULT_INTERVAL = float(interval_s)
+    log.debug("flwr SuperNode heartbeat interval: %g s", interval_s)
+
+
+def split_heartbeat(args: list[str]) -> tuple[float | None, list[str]]:
+    """``[..., "--heartbeat-interval", "10", ...]`` -> ``(10.0, the other arguments)``;
+    ``(None, args)`` without it. Raises DeploymentError for a missing or non-numeric value."""
+    rest, value = [], None
+    it = iter(args)
+    for a in it:
+        if a == HEARTBEAT_ARG or a.startswith(HEARTBEAT_ARG + "="):
+            text = a.partition("=")[2] if "=" in a else next(it, "")
+            try:
+                value = float(text)
+            except ValueError:
+                raise DeploymentError(f"{HEARTBEAT_ARG} {text!r}: expected seconds") from None
+        else:
+            rest.append(a)
+    return value, rest
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Patch, then run Flower's ``flower-supernode`` with ``argv`` (default: ``sys.argv[1:]``)."""
+    """Patch (and set the heartbeat interval if given), then run Flower's ``flower-supernode``
+    with the other arguments of ``argv`` (default: ``sys.argv[1:]``)."""
     args = sys.argv[1:] if argv is None else list(argv)
     try:
+        heartbeat, args = split_heartbeat(args)
         patch()
+        if heartbeat is not None:
+            set_heartbeat(heartbeat)
     except DeploymentError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

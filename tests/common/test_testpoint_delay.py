@@ -32,3 +32,42 @@ def test_a_delay_that_is_not_seconds_is_refused(tmp_path, monkeypatch, bad):
     monkeypatch.setenv(tp.ENV_FOR, bad)
     with pytest.raises(tp.TestpointError, match=tp.ENV_FOR):
         tp.check_environment()
+
+
+def test_an_until_pause_waits_for_its_file_then_every_arrival_goes_on(tmp_path, monkeypatch):
+    release = tmp_path / "go"
+    monkeypatch.setenv(tp.ENV_STAGE, "train@1")
+    monkeypatch.setenv(tp.ENV_DIR, str(tmp_path))
+    monkeypatch.setenv(tp.ENV_UNTIL, str(release))
+    assert tp.check_environment() == ("train", 1)
+    done = []
+    threads = [threading.Thread(target=lambda: (tp.testpoint("train", 1), done.append(1))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(1.0)
+    assert done == [] and all(t.is_alive() for t in threads)  # both wait: the file is not there yet
+    assert json.loads((tmp_path / "train.reached").read_text())["round"] == 1
+    release.write_text("")
+    for t in threads:
+        t.join(30)
+    assert done == [1, 1]
+
+
+def test_an_until_pause_with_a_limit_goes_on_without_its_file(tmp_path, monkeypatch):
+    monkeypatch.setenv(tp.ENV_STAGE, "train")
+    monkeypatch.setenv(tp.ENV_DIR, str(tmp_path))
+    monkeypatch.setenv(tp.ENV_UNTIL, str(tmp_path / "never"))
+    monkeypatch.setenv(tp.ENV_FOR, "0.2")
+    t = threading.Thread(target=tp.testpoint, args=("train", 3))
+    t.start()
+    t.join(30)
+    assert not t.is_alive() and (tmp_path / "train.reached").exists()
+
+
+def test_an_until_file_in_a_missing_directory_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv(tp.ENV_STAGE, "train")
+    monkeypatch.setenv(tp.ENV_DIR, str(tmp_path))
+    monkeypatch.setenv(tp.ENV_UNTIL, str(tmp_path / "no-such-dir" / "go"))
+    with pytest.raises(tp.TestpointError, match=tp.ENV_UNTIL):
+        tp.check_environment()

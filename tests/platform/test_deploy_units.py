@@ -36,6 +36,11 @@ def test_command_lines_use_the_kit_tls_auth_database_and_no_runtime_installs(tmp
     assert sn[sn.index("--auth-supernode-private-key") + 1] == str((kit / "supernode_auth_key").resolve())
     node = tomllib.loads(sn[sn.index("--node-config") + 1].replace(" ", "\n"))
     assert node == {"kit-dir": str(kit.resolve()), "partner-socket": "/tmp/x/relay.sock"}
+    assert "--heartbeat-interval" not in sn  # Flower's own heartbeat unless asked
+    beat = supernode_command(kit, "127.0.0.1:9092", 9300, relay_socket="/tmp/x/relay.sock", heartbeat_s=10)
+    assert beat == [*sn[:3], "--heartbeat-interval", "10", *sn[3:]]  # the launcher's option, before Flower's
+    with pytest.raises(DeploymentError, match="accepts 10 to 1800"):
+        supernode_command(kit, "127.0.0.1:9092", 9300, heartbeat_s=5)
     with pytest.raises(DeploymentError, match="no ca.crt"):
         (kit / "ca.crt").unlink()
         supernode_command(kit, "127.0.0.1:9092", 9300)

@@ -83,3 +83,66 @@ def test_the_launcher_runs_flowers_own_supernode_cli():
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "usage: flower-supernode" in out.stdout and "--auth-supernode-private-key" in out.stdout
+
+
+def _fresh(name: str):
+    """A fresh copy of Flower module ``name`` (a patch of it touches nothing else of the session)."""
+    import importlib
+    import importlib.util
+
+    real = importlib.import_module(name)
+    spec = importlib.util.spec_from_file_location(name, real.__file__)  # its own name: relative imports resolve
+    # (the copy is not put in sys.modules: the session keeps the real module)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_flwr_still_declares_and_keeps_the_heartbeat_interval_the_launcher_replaces():
+    from flwr.common import constant as c
+    from flwr.supercore import heartbeat
+    from flwr.supernode import fleet_http_connection
+
+    assert (c.HEARTBEAT_DEFAULT_INTERVAL, c.HEARTBEAT_PATIENCE, c.HEARTBEAT_CALL_TIMEOUT) == (30, 2, 5)
+    assert sm.heartbeat_bounds() == (10.0, 1800.0)
+    assert inspect.getsource(fleet_http_connection).count("heartbeat_interval=HEARTBEAT_DEFAULT_INTERVAL") == 2
+    assert "HEARTBEAT_DEFAULT_INTERVAL - HEARTBEAT_CALL_TIMEOUT" in inspect.getsource(heartbeat.HeartbeatSender._run)
+
+
+def test_set_heartbeat_changes_what_the_supernode_declares_and_how_often_it_beats():
+    import threading
+
+    mods = {n: _fresh(n) for n in ("flwr.supernode.fleet_http_connection", "flwr.supercore.heartbeat")}
+    sm.set_heartbeat(10, mods)
+    assert mods["flwr.supernode.fleet_http_connection"].HEARTBEAT_DEFAULT_INTERVAL == 10
+    waits: list[float] = []
+
+    class StopAfterOne(threading.Event):
+        def wait(self, timeout=None):
+            waits.append(timeout)
+            self.set()
+            return True
+
+    sender = mods["flwr.supercore.heartbeat"].HeartbeatSender(lambda: True)
+    sender._stop_event = StopAfterOne()
+    sender._run()  # one heartbeat, then the wait before the next one
+    assert len(waits) == 1 and (10 - 5) * 0.7 <= waits[0] <= (10 - 5) * 0.9  # Flower's 30 s would wait 17.5..22.5 s
+
+
+def test_a_heartbeat_the_superlink_would_refuse_or_a_flower_without_the_constant_is_refused():
+    mods = {n: _fresh(n) for n in ("flwr.supernode.fleet_http_connection", "flwr.supercore.heartbeat")}
+    for bad in (5, 1801, float("nan")):
+        with pytest.raises(DeploymentError, match="accepts 10 to 1800"):
+            sm.set_heartbeat(bad, mods)
+    gone = types.ModuleType("flwr.supercore.heartbeat")  # no source, no constant
+    with pytest.raises(DeploymentError, match="flwr.supercore.heartbeat"):
+        sm.set_heartbeat(10, {**mods, "flwr.supercore.heartbeat": gone})
+    assert mods["flwr.supernode.fleet_http_connection"].HEARTBEAT_DEFAULT_INTERVAL == 30  # refused: nothing patched
+
+
+def test_the_heartbeat_option_is_taken_off_flowers_arguments():
+    assert sm.split_heartbeat(["--heartbeat-interval", "10", "--superlink", "h:1"]) == (10.0, ["--superlink", "h:1"])
+    assert sm.split_heartbeat(["--superlink", "h:1", "--heartbeat-interval=12.5"]) == (12.5, ["--superlink", "h:1"])
+    assert sm.split_heartbeat(["--superlink", "h:1"]) == (None, ["--superlink", "h:1"])
+    with pytest.raises(DeploymentError, match="expected seconds"):
+        sm.split_heartbeat(["--heartbeat-interval", "soon"])

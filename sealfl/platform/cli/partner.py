@@ -133,6 +133,10 @@ def start(
     log_file: Path = typer.Option(None, "--log", help="SuperNode log (default: supernode-<partner>.log here)."),
     key: Optional[Path] = KEY_OPTION,
     data: Optional[Path] = DATA_OPTION,
+    heartbeat: float = typer.Option(30.0, "--heartbeat", min=10, max=1800,
+                                    help="Seconds between this SuperNode's heartbeats as declared to the SuperLink "
+                                         "(Flower's 30 by default); the SuperLink lists a SuperNode that stopped "
+                                         "offline after two intervals, and refuses its key until then."),
 ) -> None:
     """Run a Flower SuperNode with this kit: TLS against the kit's CA, node authentication with
     the kit's key; this process loads the kit, the task and the data once and answers every
@@ -164,7 +168,8 @@ def start(
             relay = PartnerRelay(os.path.join(relay_dir, "relay.sock"), node)
             _warm_up(k, data)
             relay.start()
-            cmd = supernode_command(kit, superlink, port or _free_port(), relay_socket=relay.path)
+            cmd = supernode_command(kit, superlink, port or _free_port(), relay_socket=relay.path,
+                                    heartbeat_s=heartbeat)
             log_path = log_file or Path(f"supernode-{kit.resolve().name}.log")
             console.print(f"SuperNode of [bold]{k.partner}[/] joining {superlink} (TLS, node authentication); "
                           f"log: {log_path}", highlight=False)
