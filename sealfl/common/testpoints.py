@@ -10,10 +10,7 @@ at once.
 
 ``SEALFL_PAUSE_AT`` is ``<stage>`` or ``<stage>@<round>`` (pause only in that training
 round). With ``SEALFL_PAUSE_FOR=<seconds>`` the pause is a delay instead: every arrival
-waits that long and goes on (a partner made late on purpose). With
-``SEALFL_PAUSE_UNTIL=<path>`` every arrival waits until the file ``<path>`` exists (looked for
-every :data:`UNTIL_POLL_S` s; the test creates it once the outcome it waits for is on record)
-and goes on; with ``SEALFL_PAUSE_FOR`` as well, at most that long. The environment reaches every process of a run: the CLI, the campaign worker,
+waits that long and goes on (a partner made late on purpose). The environment reaches every process of a run: the CLI, the campaign worker,
 Ray's raylet and the Ray workers that run the partners' handlers.
 
 Stages (where they sit):
@@ -42,7 +39,6 @@ import json
 import logging
 import os
 import threading
-import time
 
 from sealfl.common.errors import SealflError
 
@@ -51,13 +47,10 @@ log = logging.getLogger(__name__)
 ENV_STAGE = "SEALFL_PAUSE_AT"
 ENV_DIR = "SEALFL_PAUSE_DIR"
 ENV_FOR = "SEALFL_PAUSE_FOR"
-ENV_UNTIL = "SEALFL_PAUSE_UNTIL"
-#: seconds between two looks for the ``SEALFL_PAUSE_UNTIL`` file
-UNTIL_POLL_S = 0.1
 STAGES = ("before-ray", "train", "aggregate", "checkpoint", "gate-query", "slot-written", "slot-renamed",
           "state-written", "slots-pruned", "serve-boot", "serve-stream")
 
-__all__ = ["ENV_STAGE", "ENV_DIR", "ENV_FOR", "ENV_UNTIL", "STAGES", "parse_spec", "check_environment", "testpoint", "event_path"]
+__all__ = ["ENV_STAGE", "ENV_DIR", "ENV_FOR", "STAGES", "parse_spec", "check_environment", "testpoint", "event_path"]
 
 
 class TestpointError(SealflError):
@@ -87,9 +80,7 @@ def check_environment(environ: dict | None = None) -> tuple[str, int | None] | N
     instead of never pausing). Returns the parsed spec, or None when unset.
 
     Raises:
-        TestpointError: bad stage, a ``SEALFL_PAUSE_FOR`` that is not seconds, a
-            ``SEALFL_PAUSE_UNTIL`` whose directory does not exist, or ``SEALFL_PAUSE_DIR``
-            unset / not a directory.
+        TestpointError: bad stage, or ``SEALFL_PAUSE_DIR`` unset / not a directory.
     """
     env = os.environ if environ is None else environ
     spec = env.get(ENV_STAGE)
@@ -99,9 +90,6 @@ def check_environment(environ: dict | None = None) -> tuple[str, int | None] | N
     delay = env.get(ENV_FOR)
     if delay is not None and not _is_delay(delay):
         raise TestpointError(f"{ENV_FOR}={delay!r}: expected a number of seconds in (0, 86400]")
-    until = env.get(ENV_UNTIL)
-    if until is not None and not (until and os.path.isdir(os.path.dirname(os.path.abspath(until)))):
-        raise TestpointError(f"{ENV_UNTIL}={until!r}: expected a file path in an existing directory")
     d = env.get(ENV_DIR)
     if not d or not os.path.isdir(d):
         raise TestpointError(f"{ENV_STAGE} is set but {ENV_DIR}={d!r} is not an existing directory")
@@ -127,9 +115,7 @@ def testpoint(stage: str, round: int | None = None,  # noqa: A002 - "round" is t
     Pausing writes the event file (first process only) and blocks this thread forever;
     the test's signal to the supervisor ends the process tree. With ``until``, only the
     first arrival pauses (later ones find the event file and pass), and only until
-    ``until`` is set. With ``SEALFL_PAUSE_FOR`` every arrival waits that many seconds; with
-    ``SEALFL_PAUSE_UNTIL`` every arrival waits until that file exists (at most
-    ``SEALFL_PAUSE_FOR`` seconds if it is set too).
+    ``until`` is set. With ``SEALFL_PAUSE_FOR`` every arrival waits that many seconds.
     """
     spec = os.environ.get(ENV_STAGE)
     if not spec:
@@ -142,21 +128,14 @@ def testpoint(stage: str, round: int | None = None,  # noqa: A002 - "round" is t
     with open(tmp, "w") as fh:  # complete before it becomes visible under its name
         fh.write(json.dumps({"stage": stage, "round": round, "pid": os.getpid()}))
     delay = os.environ.get(ENV_FOR)
-    release = os.environ.get(ENV_UNTIL)
     try:
         os.link(tmp, path)  # exactly one process publishes the event
     except FileExistsError:
-        if until is not None and delay is None and release is None:
+        if until is not None and delay is None:
             return  # paused once already
         # another partner got here first; pause as well
     finally:
         os.unlink(tmp)
-    if release:
-        limit = float(delay) if delay is not None and _is_delay(delay) else None
-        log.warning("test pause point %r reached (round %s, pid %d): waiting for %s", stage, round, os.getpid(),
-                    release)
-        _wait_for_file(release, limit, until or threading.Event())
-        return
     if delay is not None and _is_delay(delay):
         log.warning("test pause point %r reached (round %s, pid %d): waiting %s s", stage, round, os.getpid(), delay)
         (until or threading.Event()).wait(float(delay))
@@ -164,12 +143,3 @@ def testpoint(stage: str, round: int | None = None,  # noqa: A002 - "round" is t
     log.warning("test pause point %r reached (round %s, pid %d): blocking until %s", stage, round, os.getpid(),
                 "released" if until is not None else "killed")
     (until or threading.Event()).wait()
-
-
-def _wait_for_file(path: str, limit_s: float | None, stop: threading.Event) -> None:
-    """Block until ``path`` exists, ``limit_s`` seconds pass (None: no limit) or ``stop`` is set."""
-    end = None if limit_s is None else time.monotonic() + limit_s
-    while not os.path.exists(path):
-        left = UNTIL_POLL_S if end is None else min(UNTIL_POLL_S, end - time.monotonic())
-        if left <= 0 or stop.wait(left):
-            return
