@@ -106,7 +106,18 @@ class Server:
         kids = _children(self.proc.pid)
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
-        code = self.proc.wait(timeout=DEADLINE_S)
+        try:
+            code = self.proc.wait(timeout=DEADLINE_S)
+        except subprocess.TimeoutExpired:  # never leave it running: the failure is the test's
+            for pid in [self.proc.pid, *kids]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            self.proc.wait(timeout=DEADLINE_S)
+            self._fh.close()
+            raise AssertionError(f"the server did not exit within {DEADLINE_S} s of signal {int(sig)}; "
+                                 f"killed it: {self.log.read_text()[-2000:]}") from None
         self._fh.close()
         return code, self.log.read_text(), kids
 

@@ -41,6 +41,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -111,20 +112,49 @@ class _Stop(BaseException):
         self.signum = signum
 
 
+#: longest the serving loop waits before it looks at the signals received again (seconds)
+WAKE_S = 1.0
+
+
 @contextlib.contextmanager
-def _signals_raise() -> Iterator[None]:
-    """SIGINT/SIGTERM raise :class:`_Stop` in the main thread (once; later ones are ignored)."""
+def _signals_raise() -> Iterator[list[int]]:
+    """SIGINT/SIGTERM raise :class:`_Stop` in the main thread (the first one; later ones do
+    not interrupt the shutdown), and every one is appended to the yielded list, which the
+    serving loop checks at least every :data:`WAKE_S` seconds (:func:`_next_restart`). So a
+    stop is never lost: an exception raised by a signal handler is dropped when the handler
+    happens to run inside a finalizer or a C callback, and a server that had ignored its
+    later signals then ran on (seen once under load after a release switch)."""
+    got: list[int] = []
+
     def handler(signum, frame):  # noqa: ARG001 - the signal module's signature
-        for s in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(s, signal.SIG_IGN)
-        raise _Stop(signum)
+        first = not got
+        got.append(signum)
+        if first:
+            raise _Stop(signum)
 
     previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield
+        yield got
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+def _next_restart(state: ServeState, got: list[int], timeout_s: float | None):
+    """The next slot whose child died (``state.restarts``), or None after ``timeout_s``
+    seconds (None: no limit). Raises :class:`_Stop` as soon as ``got`` holds a signal,
+    looking at it at least every :data:`WAKE_S` seconds."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        if got:
+            raise _Stop(got[0])
+        wait = WAKE_S if deadline is None else min(WAKE_S, deadline - time.monotonic())
+        if wait <= 0:
+            return None
+        try:
+            return state.restarts.get(timeout=wait)
+        except queue.Empty:
+            continue
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -245,7 +275,7 @@ def run_server(trust: Path, release_dir: Path, state_dir: Path, opts: ServeOptio
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                                            timeout_graceful_shutdown=1))
     http = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="sealfl-http", daemon=True)
-    with _signals_raise():
+    with _signals_raise() as got:
         try:
             http.start()
             if opts.port_file is not None:
@@ -254,7 +284,7 @@ def run_server(trust: Path, release_dir: Path, state_dir: Path, opts: ServeOptio
             testpoint("serve-boot")
             booted = _boot(trust, release_dir, state_dir, opts, state, say)
             if not isinstance(booted, tuple):
-                _serve_tabular(state, booted, opts, port, say)
+                _serve_tabular(state, booted, opts, port, say, got)
                 return
             release, spec, runtimes, runtime_options = booted
             metrics.set_context(spec.generation["max_context"])
@@ -263,9 +293,8 @@ def run_server(trust: Path, release_dir: Path, state_dir: Path, opts: ServeOptio
             say(f"serving {release.name} v{release.version} ({spec.variant}, root digest {release.root_digest}) "
                 f"with {opts.max_concurrent} slot(s) on http://{opts.host}:{port}/v1")
             while True:
-                try:
-                    slot = state.restarts.get(timeout=opts.poll_s if opts.repo else None)
-                except queue.Empty:
+                slot = _next_restart(state, got, opts.poll_s if opts.repo else None)
+                if slot is None:
                     polled = _poll(trust, state_dir, opts, state, runtime_options, say)
                     if polled is not None:
                         release, spec = polled
@@ -280,9 +309,11 @@ def run_server(trust: Path, release_dir: Path, state_dir: Path, opts: ServeOptio
             sock.close()
 
 
-def _serve_tabular(state: ServeState, dev, opts: ServeOptions, port: int, say: Callable[[str], None]) -> None:
-    """Serve a booted tabular release over the Open Inference Protocol until a signal; a
-    child that died is restarted from the verified bytes ``dev`` keeps.
+def _serve_tabular(state: ServeState, dev, opts: ServeOptions, port: int, say: Callable[[str], None],
+                   got: list[int]) -> None:
+    """Serve a booted tabular release over the Open Inference Protocol until a signal (``got``,
+    from :func:`_signals_raise`); a child that died is restarted from the verified bytes
+    ``dev`` keeps.
 
     Raises:
         BootError: (reason ``"model"``) the model is not one float input ``[N, d]``; (reason
@@ -303,7 +334,7 @@ def _serve_tabular(state: ServeState, dev, opts: ServeOptions, port: int, say: C
         say("--repo: switching releases while serving is for causal-LM releases; a tabular device updates with "
             "'sealfl device update' and a restart of 'device serve'")
     while True:
-        slot = state.restarts.get()
+        slot = _next_restart(state, got, None)
         if rel.metadata.get("at_rest"):  # its decrypted bytes were never kept: a new boot fetches the key again
             raise BootError("the model's sandboxed child died and the release is encrypted at rest; restart "
                             "'device serve' (its service manager does)", reason="runtime")
