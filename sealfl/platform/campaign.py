@@ -400,8 +400,7 @@ def _tell_ray_protection(cd: CampaignDir) -> bool:
 
 def _interrupted(cd: CampaignDir, signum: int) -> Interrupted:
     """Level the directory with its last committed round and record the interruption."""
-    rnd = cd.recover()
-    cd.mark_interrupted(signum)
+    rnd = int(cd.mark_interrupted(signum).get("round", 0))
     name = signal_name(signum)
     where = (f"after round {rnd}; the checkpoint of round {rnd} in {cd.checkpoint_path} is intact" if rnd
              else "before the first round finished")

@@ -120,8 +120,8 @@ class CampaignDir(CampaignReader):
     """Owner of one campaign directory (see module docstring).
 
     Coordinator side: :meth:`prepare`, :meth:`view`, :meth:`recover`,
-    :meth:`mark_interrupted`, :meth:`mark_failed` -- the last three only while no other
-    process writes here. Aggregator side: :meth:`begin`, :meth:`set_status`,
+    :meth:`mark_interrupted` (which fences the stopped run out), :meth:`mark_failed` -- the
+    last two only once the run was stopped. Aggregator side: :meth:`begin`, :meth:`set_status`,
     :meth:`note`, :meth:`stage_checkpoint`, :meth:`end_round`.
 
     Args:
@@ -240,17 +240,24 @@ class CampaignDir(CampaignReader):
         return rnd
 
     def mark_interrupted(self, signum: int) -> dict:
-        """Record that a signal stopped the campaign (after :meth:`recover`)."""
-        rnd = int(self.status.get("round", 0))
-        try:
-            name = signal.Signals(signum).name
-        except ValueError:
-            name = "a signal"
-        after = (f"after round {rnd}; the checkpoint of round {rnd} is intact" if rnd
-                 else "before the first round finished; there is no checkpoint")
-        self.status.update(status="interrupted", error=f"stopped by {name} (signal {signum}) {after}",
-                           stopped=time.time())
-        self._write_status()
+        """Record that a signal stopped the campaign (coordinator side): under the directory's
+        lock, level it with its last committed round (:meth:`recover`), raise the run epoch
+        (the stopped run's aggregator, should it still be alive -- a ServerApp on a SuperLink
+        ends some time after ``flwr stop`` -- is fenced out: it cannot overwrite this record
+        with its own "failed") and set ``interrupted``. Returns the status written."""
+        with self._locked():
+            self.recover()
+            rnd = int(self.status.get("round", 0))
+            try:
+                name = signal.Signals(signum).name
+            except ValueError:
+                name = "a signal"
+            after = (f"after round {rnd}; the checkpoint of round {rnd} is intact" if rnd
+                     else "before the first round finished; there is no checkpoint")
+            epoch = (self.status.get(EPOCH) if isinstance(self.status.get(EPOCH), int) else 0) + 1
+            self.status.update(status="interrupted", error=f"stopped by {name} (signal {signum}) {after}",
+                               stopped=time.time(), **{EPOCH: epoch})
+            self._write_status()
         return self.status
 
     def mark_failed(self, error: str) -> dict:

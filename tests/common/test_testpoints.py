@@ -208,10 +208,11 @@ def test_kind_a_partial_rounds_line_and_a_lost_record_are_repaired(tmp_path):
 def test_kind_interrupted_status_names_the_signal_and_the_round(tmp_path):
     cd = CampaignDir(tmp_path, 5)
     _run_rounds(cd, 2)
-    cd.recover()
+    epoch = cd.read_status().get("epoch", 0)
     status = cd.mark_interrupted(signal.SIGTERM)
     assert status["status"] == "interrupted" and status["round"] == 2
     assert "SIGTERM" in status["error"] and "round 2" in status["error"]
+    assert cd.read_status() == status and status["epoch"] == epoch + 1  # the stopped run is fenced out
 
 
 # -- who is alive -------------------------------------------------------------------------

@@ -114,3 +114,26 @@ def test_a_resume_waits_for_a_round_commit_in_progress(tmp_path):
         os.close(fd)
     t.join(30)
     assert done.is_set() and cd.read_status()["epoch"] == 2
+
+
+def test_a_run_stopped_by_its_coordinator_cannot_overwrite_the_interruption(tmp_path):
+    """Ctrl-C of a deployed campaign: the coordinator stops the run and records it interrupted;
+    the ServerApp, which ends some time after ``flwr stop``, must not replace that record with
+    its own "failed" (seen: ``error: SystemExit: 0``)."""
+    import signal
+
+    cd = CampaignDir(tmp_path / "camp")
+    cd.prepare(5, overwrite=False, owner=OWNER)
+    run = CampaignDir(cd.dir, 5, epoch=1)
+    run.begin()
+    _run_round(run, 1)
+    _run_round(run, 2)
+    status = CampaignDir(cd.dir).mark_interrupted(signal.SIGINT)
+    assert status["status"] == "interrupted" and status["round"] == 2 and status["epoch"] == 2
+    before = _files(cd)
+    with pytest.raises(StaleRunError):
+        run.set_status(status="failed", error="SystemExit: 0")
+    with pytest.raises(StaleRunError):
+        _run_round(run, 3)
+    assert _files(cd) == before and cd.read_status()["status"] == "interrupted"
+    assert CampaignDir(cd.dir).reopen(OWNER) == 2 and cd.read_status()["epoch"] == 3  # resume takes the next one
