@@ -77,6 +77,9 @@ class Task(Protocol):
     def score_candidates(self, candidates: Mapping[str, bytes], data: Any, params: np.ndarray | None,
                          mean: np.ndarray | None, std: np.ndarray | None) -> dict: ...
 
+    # optional: ``warm_up(data) -> None``, run once by a long-lived partner process before it
+    # joins (``sealfl partner start``), so its first round pays no one-time start-up cost
+
 
 def task_names() -> list[str]:
     """The registered task names."""

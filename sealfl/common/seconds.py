@@ -20,3 +20,12 @@ def is_seconds(t: Any, *, zero_ok: bool = False, hi: float = MAX_SECONDS) -> boo
     except (OverflowError, ValueError):  # an int too large for a float
         return False
     return math.isfinite(t) and (t >= 0 if zero_ok else t > 0) and t <= hi
+
+
+def poll_interval(quiet_for_s: float, fast_s: float, slow_s: float, slope: float) -> float:
+    """Seconds to wait before the next poll of something that answers "nothing yet", when the
+    last event (a message, a reply, a task) was ``quiet_for_s`` seconds ago:
+    ``clamp(quiet_for_s * slope, fast_s, slow_s)``. Right after an event the next one is likely
+    near (a campaign's next round), so the poll is fast; a quiet peer is polled ever less often,
+    ``slow_s`` at the least. Pure; all arguments in seconds (``slope``: seconds per second)."""
+    return min(slow_s, max(fast_s, quiet_for_s * slope))

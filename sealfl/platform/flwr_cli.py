@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 #: the module-level apps (also in the repository's pyproject.toml)
 SERVERAPP = "sealfl.server.app:app"
-CLIENTAPP = "sealfl.clients.relay:app"
+CLIENTAPP = "sealfl.clients.app:app"
 #: the connection name written into FLWR_HOME
 CONNECTION = "sealfl"
 

@@ -19,7 +19,9 @@ installation (offline hosts work; every host has sealfl installed). Once it answ
 SuperNode: Flower's ``flower-supernode``, run through :mod:`sealfl.platform.supernode_main`
 (the same entry point with its fixed 3 s / 0.5 s waits shortened), with
 ``--root-certificates`` (the kit's CA), ``--auth-supernode-private-key``, and
-``--node-config kit-dir=...`` so the ClientApp (:mod:`sealfl.clients.app`) loads this kit.
+``--node-config kit-dir=...``, and ``--isolation process``: the partner process itself takes the
+SuperNode's ClientApp tasks (:mod:`sealfl.clients.executor`) and answers them with the
+handlers of :mod:`sealfl.clients.app`, which load this kit.
 """
 
 from __future__ import annotations
@@ -83,14 +85,17 @@ def superlink_command(kit: Path, host: str, port: int, database: Path) -> list[s
             "--disable-runtime-dependency-installation", "--host", host, "--port", str(port)]
 
 
-def supernode_command(kit: Path, superlink: str, local_port: int, *, relay_socket: str | None = None,
+def supernode_command(kit: Path, superlink: str, local_port: int, *, executor_secret: Path | None = None,
                       heartbeat_s: float | None = None) -> list[str]:
     """The ``flower-supernode`` command line for the partner kit ``kit`` joining ``superlink``
     (``HOST:PORT``), run as ``python -m sealfl.platform.supernode_main`` (Flower's entry
-    point with shorter fixed waits); its own ClientApp API listens on 127.0.0.1:``local_port``. With
-    ``relay_socket`` the per-message ClientApp hands each message to the partner process
-    listening there (:mod:`sealfl.clients.relay`); with ``heartbeat_s`` the SuperNode's
-    heartbeat interval in seconds (Flower's 30 s otherwise; see :mod:`sealfl.platform.supernode_main`).
+    point with shorter fixed waits); its own Runtime API listens on 127.0.0.1:``local_port``.
+    With ``executor_secret`` (a file of random bytes) the SuperNode runs with
+    ``--isolation process``: it starts no ClientApp process, and the partner process takes its
+    tasks itself, authenticated with that secret (:mod:`sealfl.clients.executor`); without it,
+    Flower's own per-message ``flwr-clientapp`` runs the FAB's ClientApp. ``heartbeat_s``: the
+    SuperNode's heartbeat interval in seconds (Flower's 30 s otherwise; see
+    :mod:`sealfl.platform.supernode_main`).
 
     Raises:
         DeploymentError: a kit file missing, ``superlink`` not HOST:PORT, or ``heartbeat_s``
@@ -100,8 +105,6 @@ def supernode_command(kit: Path, superlink: str, local_port: int, *, relay_socke
     parse_hostport(superlink)
     k = kit.resolve()
     node = {"kit-dir": str(k)}
-    if relay_socket is not None:
-        node["partner-socket"] = relay_socket
     beat: list[str] = []
     if heartbeat_s is not None:
         from sealfl.platform.supernode_main import HEARTBEAT_ARG, heartbeat_bounds
@@ -110,9 +113,11 @@ def supernode_command(kit: Path, superlink: str, local_port: int, *, relay_socke
         if not low <= heartbeat_s <= high:
             raise DeploymentError(f"--heartbeat {heartbeat_s:g} s: the SuperLink accepts {low:g} to {high:g} s")
         beat = [HEARTBEAT_ARG, f"{heartbeat_s:g}"]
+    isolation = ([] if executor_secret is None else
+                 ["--isolation", "process", "--superexec-auth-secret-file", str(Path(executor_secret).resolve())])
     return [sys.executable, "-m", SUPERNODE_MAIN, *beat, "--superlink", superlink, "--root-certificates",
             str(k / CA_FILE), "--auth-supernode-private-key", str(k / SUPERNODE_KEY_FILE),
-            "--node-config", flwr_cli.toml_config(node), "--host", "127.0.0.1", "--port", str(local_port)]
+            "--node-config", flwr_cli.toml_config(node), *isolation, "--host", "127.0.0.1", "--port", str(local_port)]
 
 
 def supernode_refusal(log_text: str) -> str:

@@ -5,25 +5,33 @@
 module only, the fixed sleeps of the SuperNode's message loop and then calls Flower's
 ``flower-supernode`` entry point (``flwr.supernode.cli.flower_supernode:flower_supernode``)
 with the same arguments. Everything else -- TLS, node authentication, the SuperLink
-protocol, the per-message ``flwr-clientapp`` process -- is Flower's, unchanged.
+protocol, the Runtime API the partner's executor takes its tasks from -- is Flower's,
+unchanged.
 
 The waits (flwr 1.42.0, ``flwr/supernode/start_client_internal.py``):
 
 - line 263, in ``start_client_internal``: ``time.sleep(3)`` after a pull from the
   SuperLink that returned no message. A message pushed just after an empty pull waited up
-  to 3 s before the partner saw it; here :data:`IDLE_PULL_S`;
+  to 3 s before the partner saw it. Here the wait follows the node's activity
+  (:func:`pull_interval`): :data:`PULL_FAST_S` right after a message (a campaign's next
+  round is near), growing by :data:`PULL_SLOPE` seconds per second without one, up to
+  :data:`PULL_IDLE_S`. The time of the last message is noted by wrapping that module's
+  ``_pull_and_store_message`` (it returns the message's run id, or None);
 - lines 470 and 506, in ``_push_messages``: ``time.sleep(0.5)`` between two looks at the
-  node's own state for the ClientApp's reply (and for its objects). A reply waited up to
-  0.5 s in the SuperNode before it was pushed; here :data:`REPLY_POLL_S`.
+  node's own in-memory state for the ClientApp's reply (and for its objects). A reply waited
+  up to 0.5 s in the SuperNode before it was pushed; here :data:`REPLY_POLL_S`;
+- ``pull_objects``'s first retry of a message object the SuperLink does not hold yet: 1 s,
+  here 5 ms (:mod:`sealfl.common.flwr_retries`).
 
 How: that module's global ``time`` is replaced by a :class:`Waits` object whose ``sleep``
-maps exactly these durations (:data:`FLWR_WAITS`) and passes any other through; every other
-attribute is the real :mod:`time`'s. :func:`patch` checks first that the module still has
-those sleeps (its source), so a Flower upgrade that moves them fails loudly here (and in
+maps exactly these durations and passes any other through; every other attribute is the
+real :mod:`time`'s. :func:`patch` checks first that the module still has those sleeps and
+that function (its source), so a Flower upgrade that moves them fails loudly here (and in
 ``tests/platform/test_supernode_main.py``) instead of silently keeping Flower's waits.
 
-Cost: an idle SuperNode pulls every :data:`IDLE_PULL_S` seconds instead of every 3 s (one
-small HTTPS request to the SuperLink each time).
+Cost: while a campaign runs, a SuperNode pulls every :data:`PULL_FAST_S` s at first (one
+small HTTPS request to the SuperLink each time); an idle one every :data:`PULL_IDLE_S` s
+(Flower: 3 s).
 
 Heartbeat (``--heartbeat-interval S``, taken off the arguments before Flower sees them; Flower
 1.42 has no flag for it): the SuperNode declares ``HEARTBEAT_DEFAULT_INTERVAL`` (30 s) to the
@@ -44,25 +52,33 @@ import inspect
 import logging
 import sys
 import time as _time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from types import ModuleType
 
+from sealfl.common import seconds
+from sealfl.common.flwr_retries import shorten_object_retries
 from sealfl.platform.errors import DeploymentError
 
-__all__ = ["IDLE_PULL_S", "REPLY_POLL_S", "FLWR_WAITS", "HEARTBEAT_ARG", "Waits", "patch", "heartbeat_bounds",
+__all__ = ["PULL_FAST_S", "PULL_IDLE_S", "PULL_SLOPE", "REPLY_POLL_S", "HEARTBEAT_ARG", "Waits", "pull_interval", "patch",
+           "heartbeat_bounds",
            "set_heartbeat", "split_heartbeat", "main"]
 
 log = logging.getLogger(__name__)
 
-#: seconds between two pulls of an idle SuperNode (Flower 1.42: 3 s); a message waits half of
-#: it on average before its partner sees it, and every idle SuperNode costs the SuperLink
-#: 1 / IDLE_PULL_S requests a second
-IDLE_PULL_S = 0.5
+#: seconds between two pulls right after a message (Flower 1.42: 3 s always)
+PULL_FAST_S = 0.05
+#: seconds between two pulls of a SuperNode idle for ``PULL_IDLE_S / PULL_SLOPE`` s or more;
+#: a message pushed then waits half of it on average before its partner sees it
+PULL_IDLE_S = 1.0
+#: seconds of pull interval per second without a message (0.05: 0.5 s after 10 s)
+PULL_SLOPE = 0.05
 #: seconds between two looks for the ClientApp's reply in the SuperNode (Flower 1.42: 0.5 s)
-REPLY_POLL_S = 0.05
-#: Flower's sleep (seconds) -> ours, and the function of start_client_internal.py that sleeps it
-FLWR_WAITS: Mapping[float, float] = {3: IDLE_PULL_S, 0.5: REPLY_POLL_S}
-_WHERE = {3: ("start_client_internal", "time.sleep(3)"), 0.5: ("_push_messages", "time.sleep(0.5)")}
+REPLY_POLL_S = 0.005
+#: Flower's fixed sleeps (seconds), and the function of start_client_internal.py that sleeps each
+IDLE_WAIT, REPLY_WAIT = 3, 0.5
+_WHERE = {IDLE_WAIT: ("start_client_internal", "time.sleep(3)"), REPLY_WAIT: ("_push_messages", "time.sleep(0.5)")}
+#: the function whose result says a message came (its run id) or none (None)
+_PULL_FN = "_pull_and_store_message"
 #: the launcher's own option (seconds); removed from the arguments before Flower parses them
 HEARTBEAT_ARG = "--heartbeat-interval"
 #: module -> what its source must contain for the heartbeat constant to be the one it uses
@@ -70,22 +86,43 @@ _HEARTBEAT_USES = {"flwr.supernode.fleet_http_connection": "heartbeat_interval=H
                    "flwr.supercore.heartbeat": "HEARTBEAT_DEFAULT_INTERVAL - HEARTBEAT_CALL_TIMEOUT"}
 
 
+def pull_interval(idle_for_s: float, fast_s: float = PULL_FAST_S, idle_s: float = PULL_IDLE_S,
+                  slope: float = PULL_SLOPE) -> float:
+    """Seconds before the next pull from the SuperLink, ``idle_for_s`` seconds after the last
+    message: ``clamp(idle_for_s * slope, fast_s, idle_s)`` (:func:`sealfl.common.seconds.poll_interval`). Pure."""
+    return seconds.poll_interval(idle_for_s, fast_s, idle_s, slope)
+
+
 class Waits:
-    """Stands in for the :mod:`time` module inside one Flower module: ``sleep(s)`` sleeps
-    ``waits[s]`` when ``s`` is one of Flower's fixed waits, else ``s``; every other
-    attribute is :mod:`time`'s.
+    """Stands in for the :mod:`time` module inside Flower's SuperNode module: ``sleep(3)`` (an
+    empty pull) sleeps :func:`pull_interval` of the time since :meth:`note_message` was last
+    called, ``sleep(0.5)`` (the reply poll) sleeps ``reply_s``, any other duration is slept as
+    asked; every other attribute is :mod:`time`'s.
 
     Args:
-        waits: Flower's duration -> ours (seconds).
-        sleep: the real sleep (tests pass a recorder).
+        reply_s: the reply poll (seconds).
+        interval: ``idle_for_s -> seconds`` for the idle pull (default :func:`pull_interval`).
+        sleep: the real sleep (tests pass a recorder); clock: the monotonic clock (tests pass one).
     """
 
-    def __init__(self, waits: Mapping[float, float], sleep: Callable[[float], None] = _time.sleep):
-        self.waits = dict(waits)
+    def __init__(self, reply_s: float = REPLY_POLL_S, interval: Callable[[float], float] = pull_interval,
+                 sleep: Callable[[float], None] = _time.sleep, clock: Callable[[], float] = _time.monotonic):
+        self.reply_s = reply_s
+        self._interval = interval
         self._sleep = sleep
+        self._clock = clock
+        self._last_message = clock()
+
+    def note_message(self) -> None:
+        """A message came from the SuperLink just now."""
+        self._last_message = self._clock()
 
     def sleep(self, seconds: float) -> None:
-        self._sleep(self.waits.get(seconds, seconds))
+        if seconds == IDLE_WAIT:
+            seconds = self._interval(self._clock() - self._last_message)
+        elif seconds == REPLY_WAIT:
+            seconds = self.reply_s
+        self._sleep(seconds)
 
     def __getattr__(self, name: str):
         return getattr(_time, name)
@@ -110,7 +147,7 @@ def check_flower(module: ModuleType | None = None) -> ModuleType:
     if t is not _time and not isinstance(t, Waits):
         raise DeploymentError(f"{module.__name__} no longer imports time as a module global (flwr changed); "
                               "sealfl.platform.supernode_main cannot shorten its waits")
-    for seconds, (func, call) in _WHERE.items():
+    for func, call in _WHERE.values():
         try:
             source = inspect.getsource(getattr(module, func))
         except (AttributeError, OSError, TypeError) as exc:
@@ -119,17 +156,37 @@ def check_flower(module: ModuleType | None = None) -> ModuleType:
         if call not in source:
             raise DeploymentError(f"{module.__name__}.{func} no longer calls {call} (flwr changed): update "
                                   "sealfl.platform.supernode_main")
+    if not callable(getattr(module, _PULL_FN, None)) or f"{_PULL_FN}(" not in inspect.getsource(
+            module.start_client_internal):
+        raise DeploymentError(f"{module.__name__}.{_PULL_FN} is gone or no longer called by start_client_internal "
+                              "(flwr changed): update sealfl.platform.supernode_main")
     return module
 
 
-def patch(module: ModuleType | None = None, waits: Mapping[float, float] = FLWR_WAITS,
-          sleep: Callable[[float], None] = _time.sleep) -> Waits:
-    """Replace the fixed waits of Flower's SuperNode loop (module docstring); returns the
-    :class:`Waits` installed. Raises DeploymentError if Flower no longer has them."""
+def patch(module: ModuleType | None = None, sleep: Callable[[float], None] = _time.sleep,
+          clock: Callable[[], float] = _time.monotonic) -> Waits:
+    """Replace the fixed waits of Flower's SuperNode loop (module docstring) and note each
+    message its pull function returns; returns the :class:`Waits` installed. Raises
+    DeploymentError if Flower no longer has them."""
     module = check_flower(module)
-    shim = Waits(waits, sleep)
+    shim = Waits(sleep=sleep, clock=clock)
+    pull = getattr(module, _PULL_FN)
+    pull = getattr(pull, "__wrapped__", pull)
+
+    def pull_and_note(*args, **kwargs):
+        run_id = pull(*args, **kwargs)
+        if run_id is not None:
+            shim.note_message()
+        return run_id
+
+    pull_and_note.__wrapped__ = pull
+    setattr(module, _PULL_FN, pull_and_note)
     module.time = shim
-    log.debug("flwr SuperNode waits: %s", dict(waits))
+    try:
+        shorten_object_retries(module)
+    except AttributeError as exc:
+        raise DeploymentError(f"{exc}: update sealfl.platform.supernode_main") from None
+    log.debug("flwr SuperNode waits: pull %g..%g s, reply poll %g s", PULL_FAST_S, PULL_IDLE_S, REPLY_POLL_S)
     return shim
 
 
@@ -188,7 +245,8 @@ def split_heartbeat(args: list[str]) -> tuple[float | None, list[str]]:
 
 def main(argv: list[str] | None = None) -> None:
     """Patch (and set the heartbeat interval if given), then run Flower's ``flower-supernode``
-    with the other arguments of ``argv`` (default: ``sys.argv[1:]``)."""
+    with the other arguments of ``argv`` (default: ``sys.argv[1:]``); its log lines carry their
+    time and no terminal colour codes."""
     args = sys.argv[1:] if argv is None else list(argv)
     try:
         heartbeat, args = split_heartbeat(args)
@@ -198,8 +256,10 @@ def main(argv: list[str] | None = None) -> None:
     except DeploymentError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    from flwr.supercore.logger import update_console_handler
     from flwr.supernode.cli.flower_supernode import flower_supernode
 
+    update_console_handler(timestamps=True, colored=False)  # the log is a file: times, no ANSI colours
     sys.argv = ["flower-supernode", *args]
     flower_supernode()
 

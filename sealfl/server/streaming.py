@@ -15,11 +15,12 @@ the others' ciphertexts are already checked and added into the running sum.
 The stream keeps Flower's semantics: it ends when every pushed message has a reply or
 ``timeout`` seconds after the push (``None``: no limit; at 0 it still pulls once, where
 Flower's loop does not pull at all), and between the end of one pull and the next it
-leaves the wrapped grid's interval (``InMemoryGrid.pull_interval``, 0.1 s) or, for a grid
-that has none (flwr 1.42's deployment grid, ``HttpGrid``, which sleeps a fixed 3 s between
-pulls in its own ``send_and_receive``: ``flwr/superlink/grid/http_grid.py`` line 412),
-:data:`DEFAULT_PULL_INTERVAL_S`, counting the aggregator's own work on the replies towards
-it, and never sleeps past the deadline. The wrapped grid needs Flower's ``push_messages`` and
+waits :data:`PULL_FAST_S` right after the push or a reply, then longer the longer no reply
+came, up to the wrapped grid's interval (``InMemoryGrid.pull_interval``, 0.1 s) or, for a
+grid that has none (flwr 1.42's deployment grid, ``HttpGrid``, which sleeps a fixed 3 s
+between pulls in its own ``send_and_receive``: ``flwr/superlink/grid/http_grid.py`` line
+412), :data:`DEFAULT_PULL_INTERVAL_S`, counting the aggregator's own work on the replies
+towards it, and never sleeps past the deadline. The wrapped grid needs Flower's ``push_messages`` and
 ``pull_messages`` (every ``flwr.serverapp.Grid`` has them; so does the tests' FakeGrid).
 """
 
@@ -30,15 +31,21 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from sealfl.common.seconds import MAX_SECONDS, is_seconds
+from sealfl.common.seconds import MAX_SECONDS, is_seconds, poll_interval
 from sealfl.server.errors import ReplyStreamError
 
 log = logging.getLogger(__name__)
 
-#: seconds between pulls for a grid that does not say (the deployment grid). Flower's own
-#: loop waits 3 s (:data:`FLOWER_PULL_INTERVAL_S`), which a reply arriving just after a pull
-#: waited in full; a pull is one small HTTPS request to the SuperLink, so 0.2 s
+#: the longest wait between pulls for a grid that does not say (the deployment grid). Flower's
+#: own loop waits 3 s (:data:`FLOWER_PULL_INTERVAL_S`), which a reply arriving just after a
+#: pull waited in full; a pull is one small request to the SuperLink, so 0.2 s
 DEFAULT_PULL_INTERVAL_S = 0.2
+#: the first wait after the push or a reply (seconds); the wait then grows by
+#: :data:`PULL_SLOPE` seconds per second without a reply, up to the grid's interval
+#: (:func:`sealfl.common.seconds.poll_interval`): replies that come close together are
+#: picked up within milliseconds, a long round costs a pull every interval
+PULL_FAST_S = 0.02
+PULL_SLOPE = 0.1
 #: flwr 1.42 ``HttpGrid.send_and_receive``'s fixed sleep between pulls
 FLOWER_PULL_INTERVAL_S = 3.0
 
@@ -77,6 +84,7 @@ class ReplyStream:
         self.pending = set(message_ids)
         self._deadline = None if timeout is None else time.monotonic() + float(timeout)
         self._interval = float(interval_s)
+        self._event = time.monotonic()  # the push, then each reply
         self._started = False
         self.waited_s = 0.0
         self.waited_after_last_s = 0.0
@@ -106,6 +114,7 @@ class ReplyStream:
             if got:
                 self.last_arrival = pulled
                 self.waited_after_last_s = 0.0
+                self._event = time.monotonic()
             for msg in got:
                 self.received += 1
                 yield msg
@@ -120,7 +129,9 @@ class ReplyStream:
             # an interval between the end of one pull and the next (the consumer's time counts
             # towards it), and no sleep past the deadline: the last pull comes right at it
             t0 = time.perf_counter()
-            pause = self._interval - (t0 - pulled)
+            wait = poll_interval(time.monotonic() - self._event, min(PULL_FAST_S, self._interval), self._interval,
+                                 PULL_SLOPE)
+            pause = wait - (t0 - pulled)
             if self._deadline is not None:
                 pause = min(pause, self._deadline - time.monotonic())
             time.sleep(max(0.0, pause))
@@ -129,7 +140,9 @@ class ReplyStream:
 
 class StreamingGrid:
     """A Flower Grid whose ``send_and_receive`` returns a :class:`ReplyStream`; every
-    other attribute is the wrapped grid's.
+    other attribute is the wrapped grid's. The objects of a reply that races them are
+    retried after milliseconds, not Flower's 1 s (:mod:`sealfl.common.flwr_retries`, on the
+    wrapped grid's module: flwr 1.42's deployment grid, ``http_grid``).
 
     Args:
         grid: the Grid the ServerApp was given.
@@ -138,6 +151,13 @@ class StreamingGrid:
     """
 
     def __init__(self, grid: Any, interval_s: float | None = None):
+        import sys
+
+        from sealfl.common.flwr_retries import shorten_object_retries
+
+        module = sys.modules.get(type(grid).__module__)
+        if module is not None and hasattr(module, "pull_objects"):  # the deployment grid pulls reply objects
+            shorten_object_retries(module)
         self.inner = grid
         self.interval_s = float(interval_s if interval_s is not None
                                 else getattr(grid, "pull_interval", DEFAULT_PULL_INTERVAL_S))

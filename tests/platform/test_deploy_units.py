@@ -30,14 +30,17 @@ def test_command_lines_use_the_kit_tls_auth_database_and_no_runtime_installs(tmp
         assert flag in sl
     assert "--insecure" not in sl and sl[sl.index("--host") + 1] == "127.0.0.1"
     kit = cons.dir / "partners" / "hungary"
-    sn = supernode_command(kit, "127.0.0.1:9092", 9300, relay_socket="/tmp/x/relay.sock")
+    sn = supernode_command(kit, "127.0.0.1:9092", 9300, executor_secret=tmp_path / "secret")
     assert sn[:3] == [sys.executable, "-m", "sealfl.platform.supernode_main"]  # Flower's CLI, shorter waits
     assert sn[sn.index("--root-certificates") + 1] == str((kit / "ca.crt").resolve())
     assert sn[sn.index("--auth-supernode-private-key") + 1] == str((kit / "supernode_auth_key").resolve())
     node = tomllib.loads(sn[sn.index("--node-config") + 1].replace(" ", "\n"))
-    assert node == {"kit-dir": str(kit.resolve()), "partner-socket": "/tmp/x/relay.sock"}
+    assert node == {"kit-dir": str(kit.resolve())}
+    # the partner process takes the tasks itself: Flower starts no ClientApp process
+    assert sn[sn.index("--isolation") + 1] == "process"
+    assert sn[sn.index("--superexec-auth-secret-file") + 1] == str((tmp_path / "secret").resolve())
     assert "--heartbeat-interval" not in sn  # Flower's own heartbeat unless asked
-    beat = supernode_command(kit, "127.0.0.1:9092", 9300, relay_socket="/tmp/x/relay.sock", heartbeat_s=10)
+    beat = supernode_command(kit, "127.0.0.1:9092", 9300, executor_secret=tmp_path / "secret", heartbeat_s=10)
     assert beat == [*sn[:3], "--heartbeat-interval", "10", *sn[3:]]  # the launcher's option, before Flower's
     with pytest.raises(DeploymentError, match="accepts 10 to 1800"):
         supernode_command(kit, "127.0.0.1:9092", 9300, heartbeat_s=5)

@@ -35,10 +35,10 @@ def test_pyproject_declares_the_module_level_apps():
     from flwr.clientapp import ClientApp
     from flwr.serverapp import ServerApp
 
-    import sealfl.clients.relay
+    import sealfl.clients.app
     import sealfl.server.app
 
-    assert isinstance(sealfl.server.app.app, ServerApp) and isinstance(sealfl.clients.relay.app, ClientApp)
+    assert isinstance(sealfl.server.app.app, ServerApp) and isinstance(sealfl.clients.app.app, ClientApp)
 
 
 def test_flwr_run_dot_runs_a_campaign_in_the_local_simulation_federation(tmp_path):

@@ -43,14 +43,50 @@ def test_flwr_still_has_the_waits_the_launcher_replaces():
 def test_patch_maps_exactly_flowers_fixed_waits_and_passes_others_through():
     mod = _fresh_flower_module()
     slept: list[float] = []
-    shim = sm.patch(mod, sleep=slept.append)
+    now = [100.0]
+    shim = sm.patch(mod, sleep=slept.append, clock=lambda: now[0])
     assert mod.time is shim
-    mod.time.sleep(3)      # the idle pull's backoff
     mod.time.sleep(0.5)    # waiting for the ClientApp's reply
     mod.time.sleep(1.25)   # any other duration: unchanged
-    assert slept == [sm.IDLE_PULL_S, sm.REPLY_POLL_S, 1.25]
-    assert sm.IDLE_PULL_S < 3 and sm.REPLY_POLL_S < 0.5
+    assert slept == [sm.REPLY_POLL_S, 1.25] and sm.REPLY_POLL_S < 0.5
     assert mod.time.monotonic is time.monotonic and mod.time.time is time.time  # the rest is the real module
+
+
+def test_the_idle_pull_is_fast_after_a_message_and_slows_down_to_the_idle_interval():
+    """The empty pull's 3 s follows the time since the last message the node pulled."""
+    mod = _fresh_flower_module()
+    slept: list[float] = []
+    now = [1000.0]
+    runs = iter([None, 42, None])
+    pulls = []
+
+    def fake_pull(**kw):  # in place of Flower's pull: a run id when a message came, else None
+        pulls.append(kw)
+        return next(runs)
+
+    mod._pull_and_store_message = fake_pull
+    shim = sm.patch(mod, sleep=slept.append, clock=lambda: now[0])
+    assert mod._pull_and_store_message.__wrapped__ is fake_pull
+    now[0] += 100.0
+    assert mod._pull_and_store_message(a=1) is None   # no message: nothing noted
+    mod.time.sleep(3)
+    assert slept[-1] == sm.PULL_IDLE_S and sm.PULL_IDLE_S < 3   # idle for long: the idle interval
+    assert mod._pull_and_store_message(a=2) == 42      # a message
+    mod.time.sleep(3)
+    assert slept[-1] == sm.PULL_FAST_S                 # right after it: fast
+    now[0] += 4.0
+    mod.time.sleep(3)
+    assert slept[-1] == pytest.approx(4.0 * sm.PULL_SLOPE)  # then slower, with the time since
+    assert mod._pull_and_store_message(a=3) is None and pulls == [{"a": 1}, {"a": 2}, {"a": 3}]
+    sm.patch(mod, sleep=slept.append, clock=lambda: now[0])  # patched again: Flower's function wrapped once
+    assert mod._pull_and_store_message.__wrapped__ is fake_pull
+    assert shim.reply_s == sm.REPLY_POLL_S
+
+
+def test_pull_interval_is_clamped_between_the_fast_and_the_idle_interval():
+    assert sm.pull_interval(0.0) == sm.PULL_FAST_S
+    assert sm.pull_interval(1e9) == sm.PULL_IDLE_S
+    assert sm.pull_interval(2.0, fast_s=0.01, idle_s=5.0, slope=0.5) == 1.0
 
 
 def test_a_flower_without_the_waits_is_refused_before_anything_runs(tmp_path):

@@ -7,11 +7,13 @@ pull can return; the real InMemoryGrid path runs in every Ray campaign test."""
 
 from __future__ import annotations
 
+import math
 import time
 from types import SimpleNamespace
 
 import pytest
 
+from sealfl.server import streaming
 from sealfl.server.errors import ReplyStreamError
 from sealfl.server.strategy import aggregate_timing
 from sealfl.server.streaming import DEFAULT_PULL_INTERVAL_S, StreamingGrid
@@ -75,8 +77,25 @@ def test_kind_the_stream_ends_at_the_timeout_with_what_came():
     took = time.monotonic() - t0
     assert got == ["reply-a"] and stream.pending == {"b"}
     assert 0.3 <= took < 5.0
-    # pulled at most once per interval: 0.3 s / 0.01 s, plus the first pull
-    assert grid.pulls <= 0.3 / 0.01 + 2
+    # never more often than every PULL_FAST_S, and at least once per interval once quiet
+    assert 0.3 / 0.01 <= grid.pulls <= 0.3 / streaming.PULL_FAST_S + 2
+
+
+def test_kind_pulls_are_fast_right_after_the_push_and_slow_down_to_the_interval():
+    """The wait before a pull is clamp(time since the push or the last reply x PULL_SLOPE,
+    PULL_FAST_S, interval): a reply that comes soon after the push is picked up within
+    milliseconds, a quiet stream costs one pull per interval."""
+    grid = ScriptedGrid({}, pull_interval=0.2)
+    stream = StreamingGrid(grid).send_and_receive(["a"], timeout=3.0)
+    t0 = time.monotonic()
+    assert [r for r in stream] == []
+    took = time.monotonic() - t0
+    first_s = 0.2 / streaming.PULL_SLOPE  # the waits reach the interval after 2 s quiet
+    # the first 2 s: ~ (1/PULL_SLOPE) ln(2 s / 0.05 s) + 10 fast pulls; then one per 0.2 s
+    fast = 10 + (1 / streaming.PULL_SLOPE) * math.log(first_s / (streaming.PULL_FAST_S / streaming.PULL_SLOPE))
+    assert took >= 3.0
+    assert grid.pulls >= 3.0 / 0.2 + 10  # fast at first (a fixed 0.2 s would make 15)
+    assert grid.pulls <= fast + (took - first_s) / 0.2 + 3  # ... and no faster than the schedule
 
 
 def test_kind_waits_are_counted_apart_from_the_consumers_time():
@@ -206,9 +225,13 @@ class SlowPullGrid(ScriptedGrid):
 
 def test_kind_a_slow_pull_is_still_followed_by_a_full_interval():
     grid = SlowPullGrid(pull_s=0.06, pull_interval=0.05)
-    list(StreamingGrid(grid).send_and_receive(["never"], timeout=0.5))
-    gaps = [b[0] - a[1] for a, b in zip(grid.spans, grid.spans[1:-1])]  # the last pull may come at the deadline
-    assert gaps and min(gaps) >= 0.05 * 0.9
+    list(StreamingGrid(grid).send_and_receive(["never"], timeout=1.0))
+    pushed = grid.spans[0][0]  # ~ the push: the first pull comes at once
+    gaps = [(b[0] - a[1], a[1] - pushed) for a, b in zip(grid.spans, grid.spans[1:-1])]  # the last may be at the deadline
+    # after each slow pull a whole wait of the schedule, however long the pull took
+    assert gaps and all(gap >= 0.9 * min(0.05, max(streaming.PULL_FAST_S, since * streaming.PULL_SLOPE))
+                        for gap, since in gaps)
+    assert max(g for g, _ in gaps) >= 0.05 * 0.9  # the schedule reaches the grid's interval
 
 
 def test_kind_the_stream_does_not_sleep_past_the_deadline():
@@ -217,7 +240,8 @@ def test_kind_the_stream_does_not_sleep_past_the_deadline():
     stream = StreamingGrid(grid).send_and_receive(["never"], timeout=0.2)
     assert list(stream) == [] and stream.pending == {"never"}
     assert time.monotonic() - t0 < 2.0  # not the 3 s interval
-    assert grid.pulls == 2  # the first pull and the last one at the deadline
+    # fast pulls at first (the schedule), the last one at the deadline, none after it
+    assert 2 <= grid.pulls <= 0.2 / streaming.PULL_FAST_S + 2
 
 
 def test_numpy_numbers_are_timeouts_too():

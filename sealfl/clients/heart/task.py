@@ -123,6 +123,15 @@ class HeartTask:
     def n_train(self, data) -> int:
         return int(data.n_train)
 
+    def warm_up(self, data) -> None:
+        """One local epoch on 8 training rows from the public initial model, result dropped:
+        what a long-lived partner process does once before joining, so the first round does
+        not pay torch's lazy imports (its first optimizer imports ``torch._dynamo``, ~2 s).
+        Nothing leaves the partner."""
+        n = min(8, int(data.n_train))
+        self.train(self.init_params(), data.x_train[:n], data.y_train[:n], np.zeros(self.n_features),
+                   np.ones(self.n_features), TrainConfig(local_epochs=1), 0)
+
     def train_round(self, params, data, mean, std, config, seed: int) -> tuple[np.ndarray, dict]:
         """:meth:`train` with settings from the round's config record."""
         d = TrainConfig()

@@ -24,10 +24,11 @@ VERBOSE = {"on": False}
 
 
 def setup_logging(verbose: bool) -> None:
-    """Our logs at INFO with -v (else WARNING); Flower's and Ray's chatter at WARNING."""
+    """Our logs at INFO with -v, each line with its time (else WARNING); Flower's and Ray's
+    chatter at WARNING."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
-    for noisy in ("flwr", "ray", "filelock"):
+                        format=("%(asctime)s " if verbose else "") + "%(levelname)s %(name)s: %(message)s")
+    for noisy in ("flwr", "ray", "filelock", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING if not verbose else logging.INFO)
     logging.getLogger("flwr").propagate = False  # Flower installs its own console handler
     VERBOSE["on"] = verbose

@@ -115,21 +115,26 @@ def _free_port() -> int:
 
 
 def _warm_up(kit, data: Path | None = None) -> None:
-    """Import the partner's handlers and task once, in this long-lived process (what every
-    per-message ClientApp process paid before the relay); a bad --data is refused here."""
-    import sealfl.clients.app  # noqa: F401 - the handlers the relay calls
+    """Import the partner's handlers and task, load its data and run the task's warm-up once,
+    in this long-lived process that answers every message; a bad --data is refused here,
+    before joining."""
+    import sealfl.clients.app  # noqa: F401 - the handlers the executor calls
     from sealfl.clients.plugins import get_task
 
     task = get_task(kit.task)
-    task.load_data(kit.partner, _data_config(task, data))
+    loaded = task.load_data(kit.partner, _data_config(task, data))
+    warm = getattr(task, "warm_up", None)
+    if warm is not None:
+        warm(loaded)
 
 
 @app.command("start")
 def start(
     kit: Path = typer.Argument(..., help="The partner's startup kit directory (consortium/partners/<name>)."),
     superlink: str = typer.Option(..., "--superlink", help="HOST:PORT of the consortium's SuperLink."),
-    port: int = typer.Option(0, min=0, max=65535, help="Local port of this SuperNode's ClientApp API on 127.0.0.1 "
-                                                       "(0: a free one; two SuperNodes on one host need two ports)."),
+    port: int = typer.Option(0, min=0, max=65535, help="Local port of this SuperNode's Runtime API on 127.0.0.1, "
+                                                       "which this process takes its tasks from (0: a free one; two "
+                                                       "SuperNodes on one host need two ports)."),
     log_file: Path = typer.Option(None, "--log", help="SuperNode log (default: supernode-<partner>.log here)."),
     key: Optional[Path] = KEY_OPTION,
     data: Optional[Path] = DATA_OPTION,
@@ -139,9 +144,11 @@ def start(
                                          "offline after two intervals, and refuses its key until then."),
 ) -> None:
     """Run a Flower SuperNode with this kit: TLS against the kit's CA, node authentication with
-    the kit's key; this process loads the kit, the task and the data once and answers every
-    message the SuperNode's per-message ClientApp relays to it (sealfl.clients.relay). Runs until Ctrl-C / SIGTERM (exit 130 / 143,
-    every process it started stopped)."""
+    the kit's key. This process loads the kit, the task and the data once and answers every
+    message itself (the SuperNode runs with --isolation process and starts no ClientApp
+    process; sealfl.clients.executor): only the sealfl installed here runs, never code the
+    SuperLink sends. Runs until Ctrl-C / SIGTERM (exit 130 / 143, every process it started
+    stopped)."""
     from sealfl.platform.supervisor import interruptible
 
     with interruptible():
@@ -150,14 +157,15 @@ def start(
         import tempfile
 
         from sealfl.clients.app import DATA_KEY, PARTNER_KEY_KEY
-        from sealfl.clients.relay import PartnerRelay
+        from sealfl.clients.executor import PartnerExecutor
         from sealfl.common.errors import Interrupted
+        from sealfl.common.fsutil import atomic_write
         from sealfl.platform import flwr_cli
         from sealfl.platform.cli.output import stopped
         from sealfl.platform.services import run_service, supernode_command
 
-        relay_dir = tempfile.mkdtemp(prefix="sealfl-partner-")  # mode 0700: the relay socket's directory
-        relay = None
+        private_dir = tempfile.mkdtemp(prefix="sealfl-partner-")  # mode 0700: the executor secret's directory
+        executor = None
         try:
             k = _open(kit, key)  # the kit opens here, before anything connects
             node = {"kit-dir": str(kit.resolve())}
@@ -165,11 +173,13 @@ def start(
                 node[PARTNER_KEY_KEY] = str(key.resolve())
             if data is not None:
                 node[DATA_KEY] = str(data.resolve())
-            relay = PartnerRelay(os.path.join(relay_dir, "relay.sock"), node)
             _warm_up(k, data)
-            relay.start()
-            cmd = supernode_command(kit, superlink, port or _free_port(), relay_socket=relay.path,
-                                    heartbeat_s=heartbeat)
+            secret = os.urandom(32)
+            secret_file = Path(private_dir) / "superexec.secret"
+            atomic_write(secret_file, secret, 0o600)
+            runtime_port = port or _free_port()
+            executor = PartnerExecutor(f"127.0.0.1:{runtime_port}", secret, node_config=node).start()
+            cmd = supernode_command(kit, superlink, runtime_port, executor_secret=secret_file, heartbeat_s=heartbeat)
             log_path = log_file or Path(f"supernode-{kit.resolve().name}.log")
             console.print(f"SuperNode of [bold]{k.partner}[/] joining {superlink} (TLS, node authentication); "
                           f"log: {log_path}", highlight=False)
@@ -179,9 +189,9 @@ def start(
         except (SealflError, OSError) as exc:
             fail(str(exc))
         finally:
-            if relay is not None:
-                relay.close()
-            shutil.rmtree(relay_dir, ignore_errors=True)
+            if executor is not None:
+                executor.stop(timeout_s=0)
+            shutil.rmtree(private_dir, ignore_errors=True)
     from sealfl.platform.services import supernode_refusal
 
     try:

@@ -1,0 +1,54 @@
+"""The partner's own task executor (sealfl.clients.executor): what it decides without a
+SuperNode. Its work against real SuperNodes is tested in tests/platform/test_deployment.py
+and test_deployed_faults.py (every deployed campaign runs through it)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sealfl.clients.executor import (
+    ExecutorError,
+    PartnerExecutor,
+    Polling,
+    check_run,
+    poll_interval,
+)
+from sealfl.common.seconds import poll_interval as generic_interval
+
+
+def test_only_runs_of_sealfls_app_are_answered():
+    check_run("sealfl/sealfl")
+    check_run("sealfl/heart-campaign")  # any app name of the publisher
+    for other in ("flwrlabs/quickstart", "sealflx/app", "", "/sealfl", None, 42, "evil/sealfl"):
+        with pytest.raises(ExecutorError, match="answers only sealfl's app"):
+            check_run(other)
+
+
+def test_polls_are_fast_right_after_a_task_and_slow_when_idle():
+    p = Polling(fast_s=0.01, idle_s=0.5, slope=0.05)
+    assert poll_interval(0.0, p) == 0.01           # a campaign's next message is near
+    assert poll_interval(2.0, p) == pytest.approx(0.1)
+    assert poll_interval(3600.0, p) == 0.5          # an idle partner: twice a second
+    assert poll_interval(-5.0, p) == 0.01           # a clock that went back: still the fast interval
+    assert generic_interval(4.0, 0.02, 1.0, 0.5) == 1.0 and generic_interval(0.01, 0.02, 1.0, 0.5) == 0.02
+
+
+def test_the_superexec_secret_must_be_long_random_bytes():
+    for bad in (b"", b"short", "a string of 32 characters.......", None):
+        with pytest.raises(ExecutorError, match="at least 16 random bytes"):
+            PartnerExecutor("127.0.0.1:9", bad)
+
+
+def test_the_executor_keeps_asking_a_supernode_that_is_not_up_yet_and_stops_when_told():
+    """Nothing listens on the port (a SuperNode still starting): no crash, retries, a clean stop."""
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing answers there
+    ex = PartnerExecutor(f"127.0.0.1:{port}", b"k" * 32).start()
+    time.sleep(0.5)
+    assert ex._thread.is_alive() and ex.served == 0
+    ex.stop(timeout_s=10)
+    assert not ex._thread.is_alive()
