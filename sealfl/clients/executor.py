@@ -159,6 +159,8 @@ class PartnerExecutor:
         handler: ``(Message, Context) -> Message``; default: :data:`sealfl.clients.app.app`.
         node_config: the partner's own node config, laid over the one the SuperNode sends.
         polling: the :class:`Polling` intervals.
+        on_task: called after each task with ``(message_type, run_id, seconds, error)``
+            (``error``: None, or why the task was refused); exceptions in it are logged.
 
     Attributes:
         served: tasks answered (an error reply counts).
@@ -166,7 +168,8 @@ class PartnerExecutor:
     """
 
     def __init__(self, runtime_address: str, secret: bytes, handler: Handler | None = None,
-                 node_config: Mapping[str, Any] | None = None, polling: Polling = Polling()):
+                 node_config: Mapping[str, Any] | None = None, polling: Polling = Polling(),
+                 on_task: Callable[[str, int | None, float, str | None], None] | None = None):
         if not isinstance(secret, bytes) or len(secret) < 16:
             raise ExecutorError("the SuperExec secret must be at least 16 random bytes")
         self.address = runtime_address
@@ -174,6 +177,7 @@ class PartnerExecutor:
         self._handler = handler
         self.node_config = dict(node_config or {})
         self.polling = polling
+        self.on_task = on_task
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="partner-executor", daemon=True)
         self.served = 0
@@ -223,7 +227,10 @@ class PartnerExecutor:
                     self._stop.wait(min(1.0, 0.05 * failures))
                     continue
                 if res.HasField("task") and res.token:
-                    self._task(res.token)
+                    try:
+                        self._task(res.token)
+                    except Exception:  # noqa: BLE001 - one task going wrong never stops the partner
+                        log.exception("a task of the SuperNode could not be answered")
                     last = time.monotonic()
                     continue
                 self._stop.wait(poll_interval(time.monotonic() - last, self.polling))
@@ -276,9 +283,15 @@ class PartnerExecutor:
                 client.close()
         self.served += 1
         self.last_task_s = time.perf_counter() - t0
-        log.info("%s message of run %s answered in %.3f s (%s)",
-                 getattr(getattr(message, "metadata", None), "message_type", "a"),
-                 getattr(context, "run_id", "?"), self.last_task_s, "ok" if status == SubStatus.COMPLETED else details)
+        kind = getattr(getattr(message, "metadata", None), "message_type", "a")
+        run_id = getattr(context, "run_id", None)
+        error = None if status == SubStatus.COMPLETED else details
+        log.info("%s message of run %s answered in %.3f s (%s)", kind, run_id, self.last_task_s, error or "ok")
+        if self.on_task is not None:
+            try:
+                self.on_task(kind, run_id, self.last_task_s, error)
+            except Exception:  # noqa: BLE001 - a display never stops the partner
+                log.exception("on_task callback failed")
 
     def _handle(self, message: Message, context: Context) -> Message:
         handler = self._handler

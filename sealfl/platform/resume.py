@@ -83,6 +83,13 @@ def resume_campaign(campaign_dir: str | Path, consortium_dir: str | Path, *, ray
 
         stop_previous_run(cd, superlink)
     rnd = cd.reopen(identity())  # the next run epoch: any run of the campaign still alive is fenced out
+    if rnd >= config.num_rounds:  # the stopped run committed the last round before it was stopped
+        from sealfl.platform.campaign import CampaignResult
+
+        status = cd.mark_complete(f"all {rnd} rounds were committed by the run that was stopped; resume had "
+                                  "nothing left to run")
+        log.info("%s: all %d rounds were committed before the stop; marked finished", cd.dir, rnd)
+        return CampaignResult(cd.dir, status, cd.rounds(), 0.0)
     config.resume_from = rnd
     config.epoch = int(cd.status["epoch"])
     config.campaign_dir = str(cd.dir.resolve())

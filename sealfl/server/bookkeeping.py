@@ -120,8 +120,8 @@ class CampaignDir(CampaignReader):
     """Owner of one campaign directory (see module docstring).
 
     Coordinator side: :meth:`prepare`, :meth:`view`, :meth:`recover`,
-    :meth:`mark_interrupted` (which fences the stopped run out), :meth:`mark_failed` -- the
-    last two only once the run was stopped. Aggregator side: :meth:`begin`, :meth:`set_status`,
+    :meth:`mark_interrupted` (which fences the stopped run out), :meth:`mark_complete`,
+    :meth:`mark_failed` -- the last three only once the run was stopped. Aggregator side: :meth:`begin`, :meth:`set_status`,
     :meth:`note`, :meth:`stage_checkpoint`, :meth:`end_round`.
 
     Args:
@@ -257,6 +257,23 @@ class CampaignDir(CampaignReader):
             epoch = (self.status.get(EPOCH) if isinstance(self.status.get(EPOCH), int) else 0) + 1
             self.status.update(status="interrupted", error=f"stopped by {name} (signal {signum}) {after}",
                                stopped=time.time(), **{EPOCH: epoch})
+            self._write_status()
+        return self.status
+
+    def mark_complete(self, note: str) -> dict:
+        """Record as ``finished`` a campaign whose checkpoint already holds its last round
+        (coordinator side, after :meth:`reopen`: a stopped run committed it before it ended,
+        but never wrote ``finished``); ``note`` says so in the status. Returns the status.
+
+        Raises:
+            CampaignDirError: the checkpoint does not hold the campaign's last round.
+        """
+        with self._locked():
+            rnd = self.recover()
+            total = self.status.get("num_rounds")
+            if not isinstance(total, int) or rnd < total:
+                raise CampaignDirError(f"{self.dir}: the checkpoint holds round {rnd} of {total}; not complete")
+            self.status.update(status="finished", finished=time.time(), error=None, note=note)
             self._write_status()
         return self.status
 

@@ -2,8 +2,8 @@
 ``sealfl superlink start`` (TLS, SuperNode authentication, database) and four ``sealfl
 partner start`` SuperNodes, each given only its own kit; ``sealfl campaign run --superlink``.
 
-One SuperLink + 4 SuperNodes are shared by the module (start-up ~15 s); the campaign takes
-~30 s per round here (Flower starts a ClientApp process per message). The last test stops
+One SuperLink + 4 SuperNodes are shared by the module (start-up ~15 s); each partner process
+takes its SuperNode's tasks itself (sealfl.clients.executor). The last test stops
 everything with SIGTERM and checks exit 143 and that no process of theirs is left.
 """
 
@@ -179,6 +179,73 @@ def test_four_tls_supernodes_run_the_encrypted_campaign_to_the_simulations_model
     n = len(json.loads((d / "deployed" / "server_config.json").read_text())["initial_params"])
     m_dep, m_sim = codec.decrypt(ck_dep.model_ct, n), codec.decrypt(ck_sim.model_ct, n)
     assert np.array_equal(m_dep, m_sim) and np.any(m_dep != 0)  # BFV: bit for bit
+
+
+_OUTSIDER_PYPROJECT = """\
+[project]
+name = "probe"
+version = "1.0.0"
+dependencies = ["flwr>=1.42,<1.43"]
+
+[tool.flwr.app]
+publisher = "outsider"
+
+[tool.flwr.app.components]
+serverapp = "probe_app:server"
+clientapp = "probe_app:client"
+
+[tool.flwr.app.config]
+out = ""
+marker = ""
+"""
+
+#: an app of another publisher: its ServerApp asks every SuperNode once and writes what came
+#: back; its ClientApp, if any partner ran it, would leave a marker file
+_OUTSIDER_APP = """\
+import json
+from pathlib import Path
+from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import ServerApp
+
+server = ServerApp()
+client = ClientApp()
+
+
+@server.main()
+def main(grid, context):
+    cfg = context.run_config
+    msgs = [Message(content=RecordDict({"config": ConfigRecord({"query": "stats", "marker": cfg["marker"]})}),
+                    dst_node_id=n, message_type="query") for n in grid.get_node_ids()]
+    replies = list(grid.send_and_receive(msgs, timeout=120))
+    Path(cfg["out"]).write_text(json.dumps([r.error.reason if r.has_error() else "content" for r in replies]))
+
+
+@client.query()
+def query(msg, context):
+    Path(msg.content["config"]["marker"]).write_text("the SuperLink's code ran on a partner")
+    return Message(content=RecordDict(), reply_to=msg)
+"""
+
+
+def test_partners_answer_only_sealfls_app_and_never_run_code_the_superlink_sends(federation, tmp_path):
+    """A run of another publisher's app on the consortium's SuperLink (a coordinator, or
+    anyone holding its Control API, submitting it): every partner refuses it with a reason,
+    and the ClientApp in the app bundle is never executed on a partner's machine (Flower's
+    own SuperNode would install and run it)."""
+    fed = federation
+    app = tmp_path / "outsider"
+    app.mkdir()
+    (app / "pyproject.toml").write_text(_OUTSIDER_PYPROJECT)
+    (app / "probe_app.py").write_text(_OUTSIDER_APP)
+    out, marker = tmp_path / "replies.json", tmp_path / "marker"
+    flwr_cli.flwr_json(["run", str(app), flwr_cli.CONNECTION, "--run-config",
+                        flwr_cli.toml_config({"out": str(out), "marker": str(marker)})], fed["home"])
+    _wait(out.exists, "the outsider's ServerApp to write its replies", 300)
+    reasons = json.loads(out.read_text())
+    assert len(reasons) == len(HOSPITALS)
+    assert all("answers only sealfl's app" in r and "outsider" in r for r in reasons), reasons
+    assert not marker.exists()
 
 
 def test_ctrl_c_stops_a_deployed_campaign_after_a_round_and_the_run_on_the_superlink(federation):

@@ -137,3 +137,24 @@ def test_a_run_stopped_by_its_coordinator_cannot_overwrite_the_interruption(tmp_
         _run_round(run, 3)
     assert _files(cd) == before and cd.read_status()["status"] == "interrupted"
     assert CampaignDir(cd.dir).reopen(OWNER) == 2 and cd.read_status()["epoch"] == 3  # resume takes the next one
+
+
+def test_a_stopped_run_that_committed_the_last_round_is_completed_not_run_again(tmp_path):
+    """The coordinator died in the last round; its ServerApp committed that round before the
+    resume stopped it: the resume levels the directory at the last round and records the
+    campaign finished (a new run would start after the last round: refused as nonsense)."""
+    cd = CampaignDir(tmp_path / "camp")
+    cd.prepare(2, overwrite=False, owner=OWNER)
+    run = CampaignDir(cd.dir, 2, epoch=1)
+    run.begin()
+    _run_round(run, 1)
+    with pytest.raises(CampaignDirError, match="round 1 of 2; not complete"):
+        CampaignDir(cd.dir).mark_complete("too early")
+    _run_round(run, 2)  # committed, but the run never wrote "finished"
+    coordinator = CampaignDir(cd.dir)
+    assert coordinator.reopen(OWNER) == 2
+    status = coordinator.mark_complete("all 2 rounds were committed by the run that was stopped")
+    assert status["status"] == "finished" and status["round"] == 2 and "committed" in status["note"]
+    assert cd.read_status()["status"] == "finished" and [r["round"] for r in cd.rounds()] == [1, 2]
+    with pytest.raises(StaleRunError):  # and the stopped run is fenced out as by any resume
+        run.set_status(status="failed", error="late")

@@ -145,6 +145,11 @@ def resume(
         except (SealflError, OSError) as exc:
             fail(str(exc))
     acc = res.rounds[-1].get("pooled_test_accuracy") if res.rounds else None
+    if res.status.get("note"):  # the stopped run had committed every round: nothing was run again
+        console.print(f"campaign finished: {res.status['note']}; pooled test accuracy "
+                      f"{acc if acc is not None else float('nan'):.3f}; checkpoint in {out / 'checkpoint'}",
+                      highlight=False)
+        return
     console.print(f"campaign finished after resuming at round {plan.from_round + 1}: {len(res.rounds)} rounds, "
                   f"pooled test accuracy {acc if acc is not None else float('nan'):.3f}; checkpoint in "
                   f"{out / 'checkpoint'}")

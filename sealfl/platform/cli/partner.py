@@ -128,6 +128,19 @@ def _warm_up(kit, data: Path | None = None) -> None:
         warm(loaded)
 
 
+def _say_task(kind: str, run_id: int | None, seconds: float, error: str | None) -> None:
+    """One line per message answered: what, for which run, how long, refused or not."""
+    import time
+
+    from sealfl.common.errors import plain_text
+
+    stamp = time.strftime("%H:%M:%S")
+    if error is None:
+        console.print(f"{stamp} {kind} message of run {run_id} answered in {seconds:.2f} s", highlight=False)
+    else:
+        console.print(f"{stamp} {kind} message of run {run_id} refused: {plain_text(error, 300)}", highlight=False)
+
+
 @app.command("start")
 def start(
     kit: Path = typer.Argument(..., help="The partner's startup kit directory (consortium/partners/<name>)."),
@@ -178,7 +191,8 @@ def start(
             secret_file = Path(private_dir) / "superexec.secret"
             atomic_write(secret_file, secret, 0o600)
             runtime_port = port or _free_port()
-            executor = PartnerExecutor(f"127.0.0.1:{runtime_port}", secret, node_config=node).start()
+            executor = PartnerExecutor(f"127.0.0.1:{runtime_port}", secret, node_config=node,
+                                       on_task=_say_task).start()
             cmd = supernode_command(kit, superlink, runtime_port, executor_secret=secret_file, heartbeat_s=heartbeat)
             log_path = log_file or Path(f"supernode-{kit.resolve().name}.log")
             console.print(f"SuperNode of [bold]{k.partner}[/] joining {superlink} (TLS, node authentication); "
