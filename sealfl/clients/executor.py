@@ -108,6 +108,26 @@ def check_run(fab_id: str, publisher: str = SEALFL_PUBLISHER) -> None:
 
 Handler = Callable[[Message, Context], Message]
 
+#: tries of each Runtime API call of a task (a SuperNode busy for a moment answers 503), spaced
+#: 50 ms, 100 ms ... up to 1 s apart; ``AcquireTask`` is tried once (the loop asks again)
+TASK_CALL_TRIES = 6
+
+
+def retry_invoker(tries: int):
+    """Flower's ``RetryInvoker`` for this process's Runtime API calls: transport errors and
+    HTTP 502/503/504 retried ``tries`` times in all, 50 ms doubling to 1 s apart; any other
+    HTTP error raised at once. Flower's own ``make_simple_http_retry_invoker`` (meant for a
+    disposable ClientApp process) retries forever, up to minutes apart, and sends its process
+    SIGINT on an HTTP 401 -- here that process is the partner's."""
+    import httpx
+    from flwr.supercore.retry import RetryInvoker, exponential
+
+    def give_up(exc: Exception) -> bool:
+        return isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code not in (502, 503, 504)
+
+    return RetryInvoker(lambda: exponential(base_delay=0.05, max_delay=1), (httpx.TransportError, httpx.HTTPStatusError),
+                        max_tries=tries, max_time=None, should_giveup=give_up, wait_function=time.sleep)
+
 def pull_task_input(client) -> tuple[Message, Context, Any]:
     """The task's message, Context and run from the SuperNode's Runtime API: Flower's
     ``flwr.supernode.runtime.run_clientapp.pull_task_input`` (same calls, same checks, the
@@ -195,15 +215,14 @@ class PartnerExecutor:
         if self._thread.is_alive():
             self._thread.join(timeout_s)
 
-    def _client(self, interceptor) -> Any:
+    def _client(self, interceptor, tries: int) -> Any:
         from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
-        from flwr.supercore.retry import make_simple_http_retry_invoker
         from flwr.supercore.runtime import RuntimeHttpClient
 
         return RuntimeHttpClient.from_server_address(
             server_address=self.address, insecure=True, root_certificates=None,
             interceptors=[RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"), interceptor],
-            retry_invoker=make_simple_http_retry_invoker())
+            retry_invoker=retry_invoker(tries))
 
     def _loop(self) -> None:
         from flwr.proto.runtime_pb2 import AcquireTaskRequest
@@ -211,7 +230,7 @@ class PartnerExecutor:
         from flwr.supercore.interceptors import SuperExecAuthHttpInterceptor
 
         client = self._client(SuperExecAuthHttpInterceptor(master_secret=self._secret,
-                                                           protected_methods={ACQUIRE_METHOD}))
+                                                           protected_methods={ACQUIRE_METHOD}), tries=1)
         last = time.monotonic()
         failures = 0
         try:
@@ -247,7 +266,7 @@ class PartnerExecutor:
         from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
         t0 = time.perf_counter()
-        client = self._client(RuntimeTokenHttpInterceptor(token))
+        client = self._client(RuntimeTokenHttpInterceptor(token), tries=TASK_CALL_TRIES)
         cancelled = threading.Event()
         beat = HeartbeatSender(self._heartbeat_fn(client, cancelled))
         message = context = reply = None

@@ -52,3 +52,40 @@ def test_the_executor_keeps_asking_a_supernode_that_is_not_up_yet_and_stops_when
     assert ex._thread.is_alive() and ex.served == 0
     ex.stop(timeout_s=10)
     assert not ex._thread.is_alive()
+
+
+def _status_error(code: int):
+    import httpx
+
+    req = httpx.Request("POST", "http://127.0.0.1:9/v1/runtime/pull-task-input")
+    return httpx.HTTPStatusError(f"HTTP {code}", request=req, response=httpx.Response(code, request=req))
+
+
+def test_task_calls_retry_a_busy_supernode_a_few_times_and_never_signal_the_partner(monkeypatch):
+    """Flower's own invoker sends its process SIGINT on HTTP 401 and retries forever; the
+    partner process must do neither."""
+    import os
+    import signal
+
+    from sealfl.clients.executor import TASK_CALL_TRIES, retry_invoker
+
+    killed = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: killed.append((pid, sig)))
+    calls = []
+
+    def unauthorized():
+        calls.append(401)
+        raise _status_error(401)
+
+    with pytest.raises(Exception, match="HTTP 401"):
+        retry_invoker(TASK_CALL_TRIES).invoke(unauthorized)
+    assert calls == [401] and not killed  # given up at once, no SIGINT
+    busy = []
+
+    def unavailable():
+        busy.append(503)
+        raise _status_error(503)
+
+    with pytest.raises(Exception, match="HTTP 503"):
+        retry_invoker(3).invoke(unavailable)
+    assert busy == [503] * 3 and not killed and signal.SIGINT not in [s for _, s in killed]
