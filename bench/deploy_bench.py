@@ -1,24 +1,43 @@
-"""Benchmark: an encrypted heart round on Flower's deployment engine vs the same round in simulation.
+"""Benchmark: encrypted rounds on Flower's deployment engine vs the same rounds in simulation,
+and vs the same campaign in plaintext over the same kind of SuperNodes (issue 19).
 
-One run, on this machine: a consortium of the 4 hospitals (packed BFV), a SuperLink
-(``sealfl superlink start``: TLS, SuperNode authentication) and 4 SuperNodes (``sealfl partner
-start``, each with its own kit) on 127.0.0.1, ``sealfl campaign run --superlink`` for
-``--rounds`` rounds; then the same campaign (same seeds) in Flower's simulation engine
-(``sealfl campaign run``). Per runtime: the median ``round_seconds`` over the rounds after the
-first, and the ciphertext bytes the aggregator received per partner per round. Against the
-deployment run, the bytes Flower's SuperLink counted (``flwr ls`` network traffic: inbound,
-i.e. every reply including the statistics round and the last round's evaluation) per partner
-per message round (a campaign sends one train message per partner per round, each carrying
-the previous round's evaluation, plus one evaluate message after the last round).
+One run, on this machine. Per federation: a SuperLink (``sealfl superlink start``: TLS,
+SuperNode authentication, ``--database``) and 4 SuperNodes (``sealfl partner start``, each with
+its own kit; each partner process takes its SuperNode's tasks itself,
+:mod:`sealfl.clients.executor`) on 127.0.0.1, then ``sealfl campaign run --superlink``; the
+same consortium's campaign (same seeds) in Flower's simulation engine (``sealfl campaign
+run``). Per runtime: the median ``round_seconds`` over the rounds after the first.
 
-Run: ``.venv/bin/python bench/deploy_bench.py [--rounds 4]`` (~3 min here). Prints a table and
-writes ``bench/results/deploy.json``. Ratios are of two runtimes in the same run; the
-absolute seconds depend on the machine and its load.
+``--task heart`` (default; 4 hospitals, packed BFV):
+
+- **deployment / simulation** of the encrypted campaign (target <= 1.5);
+- **deployment encrypted / deployment plaintext**: the same campaign of a consortium made
+  with the benchmark-only plaintext codec (:mod:`sealfl.he.plain`: the same ClientApp,
+  messages and checks, the update carried as float64), on a second federation of the same
+  shape (target <= 1.10);
+- **bytes on the wire**: the bytes Flower's SuperLink counted inbound (``flwr ls`` network
+  traffic: every reply) per partner per message round (a campaign sends one train message
+  per partner per round, each carrying the previous round's evaluation, plus the statistics
+  query and one evaluate message after the last round), over the ciphertext bytes the
+  aggregator received per partner per round (target <= 1.10);
+- the SuperLink process's CPU seconds per round (``flower-superlink``: its HTTP API and
+  SQLite state; every object of every message is one request to it).
+
+``--task causal-lm``: the LLM demo's federated LoRA of SmolLM2-135M on the 4 manuals
+(packed BFV, ``--local-steps`` steps per round): deployment / simulation (target <= 1.1).
+Every partner process gets one torch thread (``OMP_NUM_THREADS=1``), as Ray gives each
+simulated partner one CPU, so 4 partners on this 2-core box compete the same way in both.
+
+Run: ``.venv/bin/python bench/deploy_bench.py [--task heart] [--rounds 6]`` (heart ~5 min
+here; causal-lm with 3 rounds ~40 min). Prints a table and writes
+``bench/results/deploy.json`` (heart) or ``bench/results/deploy_llm.json``. Ratios are of
+runtimes in the same run; absolute seconds depend on the machine and its load (recorded).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -34,7 +53,8 @@ from rich.console import Console
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = Path(__file__).parent / "results" / "deploy.json"
+RESULTS = Path(__file__).parent / "results"
+PARTNERS = 4
 
 
 def _port() -> int:
@@ -43,14 +63,12 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _sealfl(args, out: Path, **kw) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    fh = open(out, "wb")
-    try:
+def _sealfl(args, out: Path, env: dict | None = None) -> subprocess.Popen:
+    env = {**os.environ, **(env or {}),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    with open(out, "wb") as fh:
         return subprocess.Popen([sys.executable, "-m", "sealfl.platform.cli", *map(str, args)], stdout=fh, stderr=fh,
-                                stdin=subprocess.DEVNULL, env=env, **kw)
-    finally:
-        fh.close()
+                                stdin=subprocess.DEVNULL, env=env)
 
 
 def _rounds(d: Path) -> list[dict]:
@@ -62,72 +80,183 @@ def _median_round(rounds: list[dict]) -> float:
     return statistics.median(later)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=4)
-    args = ap.parse_args()
-    from sealfl.clients.heart.data import HOSPITALS
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (/proc/PID/stat, clock ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _superlink_pid(launcher: int) -> int | None:
+    """The ``flower-superlink`` process under ``sealfl superlink start`` (pid ``launcher``)."""
+    for child in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (child / "stat").read_text()
+            cmd = (child / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == launcher and b"flower-superlink" in cmd:
+            return int(child.name)
+    return None
+
+
+@contextlib.contextmanager
+def federation(cons, work: Path, env: dict | None = None):
+    """A SuperLink and one SuperNode per partner of ``cons`` on loopback; yields
+    ``(superlink "127.0.0.1:PORT", FLWR_HOME, superlink launcher Popen)``; stops them all."""
     from sealfl.clients.kit import kit_dir
     from sealfl.platform import flwr_cli
-    from sealfl.platform.consortium import create_consortium
 
-    work = Path(tempfile.mkdtemp(prefix="sealfl-deploy-bench-"))
-    cons, _ = create_consortium(work / "c", "heart", list(HOSPITALS))
     port = _port()
     procs = [_sealfl(["superlink", "start", cons.dir / "superlink", "--port", port, "--state", work / "sl"],
-                     work / "superlink.out")]
+                     work / "superlink.out", env)]
     try:
         t0 = time.monotonic()
         while "SuperLink on" not in (work / "superlink.out").read_text():
-            if procs[0].poll() is not None or time.monotonic() - t0 > 900:  # registering 4 keys took minutes when loaded
+            if procs[0].poll() is not None or time.monotonic() - t0 > 900:  # registering keys took minutes when loaded
                 raise SystemExit(f"the SuperLink did not start: {(work / 'superlink.out').read_text()}")
             time.sleep(0.5)
-        for p in HOSPITALS:
-            procs.append(_sealfl(["partner", "start", kit_dir(cons.dir, p), "--superlink", f"127.0.0.1:{port}", "--log",
-                                  work / f"sn-{kit_dir(cons.dir, p).name}.log"], work / f"partner-{p}.out"))
+        for p in cons.partners:
+            kit = kit_dir(cons.dir, p)
+            procs.append(_sealfl(["partner", "start", kit, "--superlink", f"127.0.0.1:{port}", "--log",
+                                  work / f"sn-{kit.name}.log"], work / f"partner-{kit.name}.out", env))
         home = work / "sl" / "flwr-home"
-        while sum(n.get("status") == "online"
-                  for n in flwr_cli.flwr_json(["supernode", "ls", flwr_cli.CONNECTION], home, timeout_s=300).get("nodes", [])) < 4:
+        while sum(n.get("status") == "online" for n in flwr_cli.flwr_json(
+                ["supernode", "ls", flwr_cli.CONNECTION], home, timeout_s=300).get("nodes", [])) < len(cons.partners):
             if time.monotonic() - t0 > 900:  # generous: on a loaded 2-core box importing flwr alone took ~1 min
-                raise SystemExit("4 SuperNodes did not come online")
+                raise SystemExit(f"{len(cons.partners)} SuperNodes did not come online")
             time.sleep(1)
-        dep = _sealfl(["campaign", "run", "-c", cons.dir, "--out", work / "deployed", "--rounds", args.rounds,
-                       "--superlink", f"127.0.0.1:{port}"], work / "deployed.out")
-        if dep.wait() != 0:
-            raise SystemExit((work / "deployed.out").read_text())
-        run_id = json.loads((work / "deployed" / "status.json").read_text())["deployment"]["run_id"]
-        traffic = flwr_cli.flwr_json(["ls", flwr_cli.CONNECTION, "--run-id", str(run_id)], home, timeout_s=300)["runs"][0]
+        yield f"127.0.0.1:{port}", home, procs[0]
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)
         for p in procs:
             p.wait()
-    sim = _sealfl(["campaign", "run", "-c", cons.dir, "--out", work / "simulated", "--rounds", args.rounds],
-                  work / "simulated.out")
+
+
+def deployed(cons, work: Path, rounds: int, campaign_args: list, env: dict | None = None) -> dict:
+    """The campaign on a fresh federation: its rounds, Flower's traffic counters, and the
+    SuperLink's CPU seconds over the campaign."""
+    from sealfl.platform import flwr_cli
+
+    work.mkdir(parents=True, exist_ok=True)
+    with federation(cons, work, env) as (superlink, home, launcher):
+        sl_pid = _superlink_pid(launcher.pid)
+        cpu0 = _cpu_s(sl_pid) if sl_pid else None
+        run = _sealfl(["campaign", "run", "-c", cons.dir, "--out", work / "campaign", "--rounds", rounds,
+                       "--superlink", superlink, *campaign_args], work / "campaign.out", env)
+        if run.wait() != 0:
+            raise SystemExit((work / "campaign.out").read_text())
+        cpu = _cpu_s(sl_pid) - cpu0 if sl_pid else None
+        run_id = json.loads((work / "campaign" / "status.json").read_text())["deployment"]["run_id"]
+        traffic = flwr_cli.flwr_json(["ls", flwr_cli.CONNECTION, "--run-id", str(run_id)], home,
+                                     timeout_s=300)["runs"][0]["network-traffic"]
+    return {"rounds": _rounds(work / "campaign"), "traffic": traffic, "superlink_cpu_s": cpu}
+
+
+def simulated(cons, work: Path, rounds: int, campaign_args: list, env: dict | None = None) -> list[dict]:
+    work.mkdir(parents=True, exist_ok=True)
+    sim = _sealfl(["campaign", "run", "-c", cons.dir, "--out", work / "campaign", "--rounds", rounds, *campaign_args],
+                  work / "campaign.out", env)
     if sim.wait() != 0:
-        raise SystemExit((work / "simulated.out").read_text())
-    d_rounds, s_rounds = _rounds(work / "deployed"), _rounds(work / "simulated")
-    d_med, s_med = _median_round(d_rounds), _median_round(s_rounds)
-    ct_in = statistics.median(r["ciphertext_bytes_in"] for r in d_rounds) / len(HOSPITALS)
+        raise SystemExit((work / "campaign.out").read_text())
+    return _rounds(work / "campaign")
+
+
+def _accuracies(rounds: list[dict]) -> list:
+    return [r.get("pooled_test_accuracy") for r in rounds]
+
+
+def heart(work: Path, rounds: int) -> dict:
+    from sealfl.clients.heart.data import HOSPITALS
+    from sealfl.he import plain
+    from sealfl.platform.consortium import create_consortium
+
+    cons, _ = create_consortium(work / "c", "heart", list(HOSPITALS))
+    enc = deployed(cons, work / "deployed", rounds, [])
+    sim = simulated(cons, work / "simulated", rounds, [])
+    plain_env = {plain.ENV: plain.ENV_VALUE}  # the benchmark-only switch, in every process of this federation
+    os.environ[plain.ENV] = plain.ENV_VALUE  # ... and here, where the consortium is made
+    try:
+        pcons, _ = create_consortium(work / "c-plain", "heart", list(HOSPITALS), params=plain.PlainParams())
+    finally:
+        os.environ.pop(plain.ENV, None)
+    pla = deployed(pcons, work / "deployed-plain", rounds, [], plain_env)
+    d_med, s_med, p_med = _median_round(enc["rounds"]), _median_round(sim), _median_round(pla["rounds"])
+    ct_in = statistics.median(r["ciphertext_bytes_in"] for r in enc["rounds"]) / PARTNERS
     # message rounds: statistics + one train per round (each with the previous round's evaluation) + the last evaluate
-    flower_in = traffic["network-traffic"]["inbound-bytes"] / len(HOSPITALS) / (1 + args.rounds + 1)
-    res = {
-        "rounds": args.rounds, "partners": len(HOSPITALS), "he": "bfv", "task": "heart",
-        "deployment_round_s": d_med, "simulation_round_s": s_med, "deployment_over_simulation": d_med / s_med,
-        "same_model": [r["pooled_test_accuracy"] for r in d_rounds] == [r["pooled_test_accuracy"] for r in s_rounds],
+    flower_in = enc["traffic"]["inbound-bytes"] / PARTNERS / (1 + rounds + 1)
+    return {
+        "task": "heart", "he": "bfv", "rounds": rounds, "partners": PARTNERS,
+        "deployment_round_s": d_med, "simulation_round_s": s_med, "deployment_plaintext_round_s": p_med,
+        "deployment_over_simulation": d_med / s_med, "encrypted_over_plaintext_deployed": d_med / p_med,
+        "same_model": _accuracies(enc["rounds"]) == _accuracies(sim),
         "ciphertext_bytes_per_partner_round": ct_in, "flower_inbound_bytes_per_partner_message_round": flower_in,
-        "flower_traffic": traffic["network-traffic"], "work_dir": str(work),
+        "wire_over_codec_bytes": flower_in / ct_in, "flower_traffic": enc["traffic"],
+        "superlink_cpu_s_per_round": enc["superlink_cpu_s"] / (rounds + 2) if enc["superlink_cpu_s"] else None,
+        "superlink_cpu_s_per_round_plaintext": (pla["superlink_cpu_s"] / (rounds + 2)
+                                                if pla["superlink_cpu_s"] else None),
+        "round_seconds": {"deployment": [r["round_seconds"] for r in enc["rounds"]],
+                          "simulation": [r["round_seconds"] for r in sim],
+                          "deployment_plaintext": [r["round_seconds"] for r in pla["rounds"]]},
     }
-    t = Table(title=f"encrypted heart round, 4 partners, {args.rounds} rounds (median of rounds 2..)")
-    for col in ("runtime", "round s", "vs simulation"):
+
+
+def causal_lm(work: Path, rounds: int, local_steps: int) -> dict:
+    from sealfl.clients.plugins import get_task
+    from sealfl.platform.consortium import create_consortium
+
+    task = get_task("causal-lm")
+    cons, _ = create_consortium(work / "c", "python-docs", list(task.partners), task="causal-lm")
+    args = ["--local-epochs", local_steps]
+    one_thread = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    enc = deployed(cons, work / "deployed", rounds, args, one_thread)
+    sim = simulated(cons, work / "simulated", rounds, args)
+    d_med, s_med = _median_round(enc["rounds"]), _median_round(sim)
+    return {
+        "task": "causal-lm", "he": "bfv", "rounds": rounds, "partners": len(task.partners), "local_steps": local_steps,
+        "deployment_round_s": d_med, "simulation_round_s": s_med, "deployment_over_simulation": d_med / s_med,
+        "superlink_cpu_s_per_round": enc["superlink_cpu_s"] / (rounds + 2) if enc["superlink_cpu_s"] else None,
+        "round_seconds": {"deployment": [r["round_seconds"] for r in enc["rounds"]],
+                          "simulation": [r["round_seconds"] for r in sim]},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--task", choices=("heart", "causal-lm"), default="heart")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds per campaign (heart 6, causal-lm 3)")
+    ap.add_argument("--local-steps", type=int, default=6, help="causal-lm: LoRA steps per round (the LLM demo's)")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="sealfl-deploy-bench-"))
+    load0 = os.getloadavg()
+    t0 = time.perf_counter()
+    if args.task == "heart":
+        res = heart(work, args.rounds or 6)
+        out = RESULTS / "deploy.json"
+    else:
+        res = causal_lm(work, args.rounds or 3, args.local_steps)
+        out = RESULTS / "deploy_llm.json"
+    res.update(work_dir=str(work), seconds=time.perf_counter() - t0, load_average_at_start=load0,
+               load_average_at_end=os.getloadavg(), host_cpus=os.cpu_count())
+    t = Table(title=f"{res['task']}: {res['partners']} partners, {res['rounds']} rounds (median of rounds 2..)")
+    for col in ("runtime", "round s", "ratio", "target"):
         t.add_column(col, justify="right")
-    t.add_row("simulation (Ray)", f"{s_med:.2f}", "1.00")
-    t.add_row("deployment (TLS SuperNodes)", f"{d_med:.2f}", f"{d_med / s_med:.2f}")
+    t.add_row("simulation (Ray)", f"{res['simulation_round_s']:.2f}", "1.00", "")
+    t.add_row("deployment (TLS SuperNodes)", f"{res['deployment_round_s']:.2f}",
+              f"{res['deployment_over_simulation']:.2f} vs simulation", "<= 1.5" if args.task == "heart" else "<= 1.1")
+    if args.task == "heart":
+        t.add_row("deployment, plaintext codec", f"{res['deployment_plaintext_round_s']:.2f}",
+                  f"{res['encrypted_over_plaintext_deployed']:.2f} enc / plain", "<= 1.10")
     Console().print(t)
-    Console().print(f"same pooled accuracy every round: {res['same_model']}; ciphertext in per partner per round "
-                    f"{ct_in:,.0f} B; Flower inbound per partner per message round {flower_in:,.0f} B")
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(res, indent=2) + "\n")
+    if args.task == "heart":
+        Console().print(f"same pooled accuracy every round: {res['same_model']}; ciphertext in per partner per round "
+                        f"{res['ciphertext_bytes_per_partner_round']:,.0f} B; Flower inbound per partner per message "
+                        f"round {res['flower_inbound_bytes_per_partner_message_round']:,.0f} B "
+                        f"({res['wire_over_codec_bytes']:.2f}x, target <= 1.10)")
+    if res.get("superlink_cpu_s_per_round"):
+        Console().print(f"SuperLink CPU per message round: {res['superlink_cpu_s_per_round']:.2f} s")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2) + "\n")
 
 
 if __name__ == "__main__":
