@@ -89,3 +89,4 @@ def test_task_calls_retry_a_busy_supernode_a_few_times_and_never_signal_the_part
     with pytest.raises(Exception, match="HTTP 503"):
         retry_invoker(3).invoke(unavailable)
     assert busy == [503] * 3 and not killed and signal.SIGINT not in [s for _, s in killed]
+

@@ -64,3 +64,17 @@ def test_run_state_and_supernode_refusals():
     assert "TLS refused" in supernode_refusal(tls)
     assert "node authentication refused" in supernode_refusal("[code: 2004] Failed to activate SuperNode.")
     assert supernode_refusal("\x1b[91mERROR \x1b[0m: something odd") == "something odd"
+
+
+def test_a_partner_killed_with_9_leaves_a_private_directory_the_next_start_sweeps():
+    from sealfl.platform.cli.partner import stale_private_dir
+
+    dead = {(123, 456)}
+
+    def alive(ident):
+        return (ident["pid"], ident["start"]) not in dead
+
+    assert stale_private_dir("sealfl-partner-123-456-ab_cd", alive)       # its process is gone
+    assert not stale_private_dir("sealfl-partner-124-456-ab_cd", alive)   # still running
+    for other in ("sealfl-partner-abc", "sealfl-partner-123-x-ab", "sealfl-run-123-456-ab", "sealfl-partner-1-2-3-4"):
+        assert not stale_private_dir(other, alive), other                 # not ours to judge: never removed

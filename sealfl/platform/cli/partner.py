@@ -128,6 +128,44 @@ def _warm_up(kit, data: Path | None = None) -> None:
         warm(loaded)
 
 
+#: the executor secret's private directory in the temporary directory: PREFIX<pid>-<start>-<random>
+PRIVATE_PREFIX = "sealfl-partner-"
+
+
+def stale_private_dir(name: str, alive) -> bool:
+    """Is ``name`` (an entry of the temporary directory) a private directory of a ``partner
+    start`` process that is gone? ``alive({"pid", "start"})`` says whether that process runs
+    (:func:`sealfl.common.procs.identity_alive`). Names that do not parse are never stale. Pure."""
+    if not name.startswith(PRIVATE_PREFIX):
+        return False
+    parts = name[len(PRIVATE_PREFIX):].split("-")
+    if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit():
+        return False
+    return alive({"pid": int(parts[0]), "start": int(parts[1]), "host": None}) is False
+
+
+def _sweep_private_dirs() -> None:
+    """Remove this user's private directories left by ``partner start`` processes killed with -9."""
+    import os
+    import shutil
+    import tempfile
+
+    from sealfl.common.procs import identity_alive
+
+    root = Path(tempfile.gettempdir())
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return
+    for e in entries:
+        try:
+            if (e.is_dir(follow_symlinks=False) and e.stat(follow_symlinks=False).st_uid == os.getuid()
+                    and stale_private_dir(e.name, identity_alive)):
+                shutil.rmtree(e.path, ignore_errors=True)
+        except OSError:
+            continue
+
+
 def _say_task(kind: str, run_id: int | None, seconds: float, error: str | None) -> None:
     """One line per message answered: what, for which run, how long, refused or not."""
     import time
@@ -173,11 +211,15 @@ def start(
         from sealfl.clients.executor import PartnerExecutor
         from sealfl.common.errors import Interrupted
         from sealfl.common.fsutil import atomic_write
+        from sealfl.common.procs import identity
         from sealfl.platform import flwr_cli
         from sealfl.platform.cli.output import stopped
         from sealfl.platform.services import run_service, supernode_command
 
-        private_dir = tempfile.mkdtemp(prefix="sealfl-partner-")  # mode 0700: the executor secret's directory
+        _sweep_private_dirs()
+        me = identity()
+        # mode 0700: the executor secret's directory, named by this process (a later start sweeps it after a kill -9)
+        private_dir = tempfile.mkdtemp(prefix=f"{PRIVATE_PREFIX}{me['pid']}-{me['start']}-")
         executor = None
         try:
             k = _open(kit, key)  # the kit opens here, before anything connects
