@@ -84,6 +84,33 @@ class SamplingParams:
                    max_tokens=d.get("max_tokens", 128), seed=d.get("seed", 0), stop=tuple(stop))
 
 
+#: candidate thresholds for the nucleus (top-p < 1), relative to the most likely token's probability
+_NUCLEUS_THRESHOLDS = (1e-3, 1e-6)
+
+
+def _nucleus(p: np.ndarray, top_p: float) -> np.ndarray:
+    """Indices of the smallest set of most likely tokens whose probability reaches ``top_p``:
+    the first ``n`` of ``argsort(-p, kind="stable")``, found without sorting the vocabulary.
+    The tokens with ``p >= t`` (``t`` a fraction of the largest ``p``,
+    :data:`_NUCLEUS_THRESHOLDS`) are the first ones of that sort -- every other token has
+    ``p < t`` -- so if their mass reaches ``top_p`` the nucleus lies inside them, and
+    sorting just them (by index first: ties in the stable order) gives it exactly. A flat
+    distribution falls back to the full sort. Sorting 49,152 probabilities cost ~2.5 ms
+    per sampled token on a quiet core, more than the rest of the choice."""
+    top = float(p.max())
+    for rel in _NUCLEUS_THRESHOLDS:
+        cand = np.flatnonzero(p >= top * rel)  # ascending indices
+        if 4 * cand.size > p.size:
+            break
+        order = cand[np.argsort(-p[cand], kind="stable")]
+        cum = np.cumsum(p[order])
+        if cum[-1] >= top_p:
+            return order[: int(np.searchsorted(cum, top_p)) + 1]
+    order = np.argsort(-p, kind="stable")
+    cum = np.cumsum(p[order])
+    return order[: int(np.searchsorted(cum, top_p)) + 1]
+
+
 def choose_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
     """Pick the next token id from float logits (vocab,) (module docstring).
 
@@ -91,7 +118,9 @@ def choose_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Gene
         ValueError: the logits are not a finite 1-D array.
     """
     x = np.asarray(logits).reshape(-1)
-    if x.size == 0 or not np.all(np.isfinite(x)):
+    # one sum instead of an isfinite pass over the row: NaN and infinities propagate into it
+    # (a sum of finite float32 logits overflows only for |logits| ~ 1e34, a broken model anyway)
+    if x.size == 0 or not np.isfinite(x.sum(dtype=np.float64)):
         raise ValueError("the model produced logits that are not finite")
     if params.temperature == 0:
         return int(np.argmax(x))  # on the float32 row itself: widening is exact, the order the same
@@ -100,9 +129,7 @@ def choose_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Gene
     p = np.exp(z)
     p /= p.sum()
     if params.top_p < 1.0:
-        order = np.argsort(-p, kind="stable")
-        cum = np.cumsum(p[order])
-        keep = order[: int(np.searchsorted(cum, params.top_p)) + 1]
+        keep = _nucleus(p, params.top_p)
         q = np.zeros_like(p)
         q[keep] = p[keep]
         p = q / q.sum()
