@@ -46,6 +46,7 @@ from sealfl.enclave.sandbox import child as _rc
 from sealfl.enclave.sandbox.decode import SamplingParams
 from sealfl.enclave.sandbox.detokenize import IncrementalDetokenizer
 from sealfl.enclave.sandbox.runtime import DEFAULT_MEMORY_LIMIT_BYTES, SandboxedRuntime
+from sealfl.enclave.sandbox.threads import choose_threads
 
 #: the child script (:mod:`sealfl.enclave.sandbox.llm_child`), run by path, never imported here
 _LLM_CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llm_child.py")
@@ -213,8 +214,10 @@ class LLMRuntime:
         generation: the verified generation settings (``eos_token_ids``, ``max_context``,
             ``head_dim`` when the graph leaves it symbolic, optional ``special_tokens`` for
             the template).
-        memory_limit_bytes, timeout_s, start_timeout_s, intra_op_threads, network: as for
+        memory_limit_bytes, timeout_s, start_timeout_s, network: as for
             :class:`~sealfl.enclave.sandbox.runtime.SandboxedRuntime`.
+        intra_op_threads: onnxruntime threads of the child; None: the cores really free
+            (:func:`sealfl.enclave.sandbox.threads.choose_threads`).
         die_with_parent: the child gets ``PR_SET_PDEATHSIG`` (SIGKILL): it dies when the
             thread that created this runtime exits -- create it on a thread that lives as
             long as the runtime (a server's main thread).
@@ -246,7 +249,7 @@ class LLMRuntime:
         if not isinstance(special, Mapping) or any(not isinstance(v, str) for v in special.values()):
             raise LLMInputError("generation special_tokens must map names to strings")
         self.chat_template = ChatTemplate(chat_template, special)
-        threads = intra_op_threads or max(1, min(4, os.cpu_count() or 1))
+        threads = choose_threads(1, intra_op_threads)  # the cores really free (sealfl.enclave.sandbox.threads)
         self._child = _Child(model_bytes, max_context=self.max_context, head_dim=head_dim,
                              memory_limit_bytes=memory_limit_bytes,
                              timeout_s=timeout_s, start_timeout_s=start_timeout_s, intra_op_threads=threads,
