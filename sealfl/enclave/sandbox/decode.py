@@ -125,15 +125,25 @@ def choose_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Gene
     if params.temperature == 0:
         return int(np.argmax(x))  # on the float32 row itself: widening is exact, the order the same
     x = x.astype(np.float64)
-    z = (x - x.max()) / params.temperature
-    p = np.exp(z)
+    p = x - x.max()
+    p /= params.temperature  # in place: the same values as (x - max) / temperature
+    np.exp(p, out=p)
     p /= p.sum()
+    index = None
     if params.top_p < 1.0:
-        keep = _nucleus(p, params.top_p)
+        index = np.sort(_nucleus(p, params.top_p))  # in index order, as a cumulative sum visits them
         q = np.zeros_like(p)
-        q[keep] = p[keep]
-        p = q / q.sum()
-    return int(rng.choice(p.size, p=p))
+        q[index] = p[index]
+        p = p[index] / q.sum()  # the nucleus's entries of q / q.sum(): the same sum, the same values
+    # numpy's Generator.choice(n, p=p) for one draw: cdf = cumsum(p), cdf /= cdf[-1], one
+    # uniform double, searchsorted(side="right") -- here without its input checks (p is a
+    # softmax) and, for a nucleus, over its entries only: zeros add nothing to a cumulative
+    # sum, so the first entry whose cdf exceeds the draw is the same token (tested against
+    # rng.choice as the oracle)
+    cdf = np.cumsum(p)
+    cdf /= cdf[-1]
+    j = int(np.searchsorted(cdf, rng.random(), side="right"))
+    return int(index[j]) if index is not None else j
 
 
 def _lazy_zeros(n: int, shape: tuple[int, ...]) -> np.ndarray:

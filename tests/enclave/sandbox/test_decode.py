@@ -120,7 +120,8 @@ def _reference_choice(logits, temperature, top_p, rng):
 
 def test_kind_the_nucleus_shortcut_picks_what_the_full_sort_picks():
     """Peaked, flat and tied rows (rounded logits), many temperatures and top-p: the same
-    nucleus as the full stable sort, and the same sampled token for the same seed."""
+    nucleus as the full stable sort, and the same sampled token for the same seed as
+    numpy's Generator.choice over the whole renormalised row (with top-p 1 too)."""
     from sealfl.enclave.sandbox.decode import SamplingParams, _nucleus, choose_token
 
     for i in range(600):
@@ -136,9 +137,10 @@ def test_kind_the_nucleus_shortcut_picks_what_the_full_sort_picks():
         order = np.argsort(-p, kind="stable")
         want = order[: int(np.searchsorted(np.cumsum(p[order]), top_p)) + 1]
         assert np.array_equal(_nucleus(p, top_p), want), i
-        params = SamplingParams(temperature=t, top_p=top_p, seed=i)
-        assert choose_token(x, params, np.random.default_rng(i)) == _reference_choice(x, t, top_p,
-                                                                                         np.random.default_rng(i))
+        for p_cut in (top_p, 1.0):  # with a nucleus, and sampling from the whole softmax
+            params = SamplingParams(temperature=t, top_p=p_cut, seed=i)
+            assert choose_token(x, params, np.random.default_rng(i)) == _reference_choice(
+                x, t, p_cut, np.random.default_rng(i)), (i, p_cut)
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
