@@ -16,9 +16,8 @@
    caps, then each listed file no further than its signed size + 1 byte; an unlisted file is
    never opened; versions are checked against the device state, the policy and the TEE
    floor (:func:`boot_last_good` finds the floor's release among the slots when
-   ``state.json`` is gone or older: :mod:`sealfl.enclave.device.recover`); of a causal-LM
-   release only the chosen variant's model is kept, the others are hashed as they stream
-   past (:func:`~sealfl.enclave.device.llm_boot.llm_files_to_keep`);
+   ``state.json`` is gone or older: :mod:`sealfl.enclave.device.recover`); a causal-LM
+   release's other variants are only hashed as they stream past (``llm_files_to_keep``);
 5. extend the verified root digest into PCR 23 (a ``release-root`` event);
 6. start :class:`~sealfl.enclave.sandbox.runtime.SandboxedRuntime` with the verified bytes of the
    model file (``metadata["model_file"]``, else the single ``.onnx`` payload file);
@@ -26,8 +25,8 @@
    release's signed canary (:mod:`sealfl.enclave.device.acceptance`): batch and row-by-row
    answers must match the canary's expected outputs within its tolerance;
 8. record the release crash-consistently (:func:`sealfl.enclave.device.slots.commit`): a private
-   copy of the verified bytes (streamed files copied from the release directory and hashed
-   again as they are copied) in a new ``state_dir/slots/<name>``, then ``state.json``
+   copy of the verified bytes (streamed files: copied and hashed again) in a new
+   ``state_dir/slots/<name>``, then ``state.json``
    (:meth:`DeviceState.accept`), then removal of older slots; then the TEE floor is raised.
    A release is identified by what was signed (its statement digest): booting the last good
    release again -- whatever its envelope's bytes -- keeps its slot and ``state.json``.
@@ -322,12 +321,11 @@ def _boot_locked(trust_dir, release_dir, state_root: Path, *, backend: str | Non
                 name=release.name, version=release.version, root_digest=release.root_digest,
                 statement_digest=release.statement_digest, slot=source.recovered, source_dir=str(release_path),
                 model_file=model_file))
-    except VerificationError as exc:  # a streamed file changed between its verification and its copy
+    except (OSError, DeviceStateError, VerificationError) as exc:  # the last: a streamed file changed since
         runtime.close()
-        raise BootError(f"release in {release_path} refused while recording it: {exc}", reason="verification",
-                        file=exc.file, check=exc.check) from exc
-    except (OSError, DeviceStateError) as exc:
-        runtime.close()
+        if isinstance(exc, VerificationError):
+            raise BootError(f"release in {release_path} refused while recording it: {exc}", reason="verification",
+                            file=exc.file, check=exc.check) from exc
         raise BootError(f"cannot record {STATE_FILE}: {exc}", reason="state") from exc
     try:  # after state.json: a crash in between leaves the TEE floor lower, never above the slot;
         # booting the last good release raises it too, so such a gap closes on the next boot
