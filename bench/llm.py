@@ -17,7 +17,8 @@ What it does:
 4. **speed**, each engine in a fresh process, engines interleaved, ``--reps`` rounds
    (median reported): time to first token for a ~128-token prompt (median of 3 calls
    after loading), greedy decode tokens/s over 64 tokens, peak RSS (``VmHWM``; for sealfl
-   the device process -- verification of both variants included -- plus its sandboxed
+   the device process -- verification of the release included, keeping only the measured
+   variant's bytes as ``device boot`` does -- plus its sandboxed
    child, also reported apart: ``parent_rss_bytes`` and ``child_rss_bytes`` are the two
    peaks, ``*_rss_after_decode_bytes`` the two ``VmRSS`` after the decode), file size;
    2 threads everywhere;
@@ -159,12 +160,13 @@ def _vm(pid: int, field: str = "VmHWM") -> int:
 def sealfl_speed_child(trust: str, release: str, variant: str, prompt_file: str) -> dict:
     """In its own process: verify the release as a device does, start the sandboxed runtime
     of ``variant``, time first tokens and the decode."""
-    from sealfl.enclave.device.llm_boot import llm_spec
+    from sealfl.enclave.device.llm_boot import llm_files_to_keep, llm_spec
     from sealfl.enclave.device.verify import verify_dir
     from sealfl.enclave.sandbox.decode import SamplingParams
     from sealfl.enclave.sandbox.llm_runtime import LLMRuntime
 
-    v = verify_dir(trust, release)
+    # as device boot does: only the chosen variant's bytes are kept, the other is hashed as it streams
+    v = verify_dir(trust, release, keep=lambda s: llm_files_to_keep(s.metadata, [e.path for e in s.files], variant))
     spec = llm_spec(v.payload, v.metadata, variant)
     gen = {**spec.generation, "eos_token_ids": [10**7]}  # never met: decode runs its full length
     prompt = json.load(open(prompt_file))

@@ -77,7 +77,9 @@ MANUAL = {"llm_quant_bench.py": "needs hf/ and corpus/ in its working directory 
           "flower_fedavg.py": "a module of scale.py (its Flower FedAvg baseline, run with arguments)",
           "device_boot_tee.py": "the TPM/sim boot-time study behind device_boot_tee.md (swtpm; run by hand)",
           "device_footprint.py": "a before/after comparison of source trees given by --tree (run by hand)",
-          "deploy_bench.py": "starts a SuperLink and 4 SuperNodes and runs two campaigns (~4 min): `make bench-deploy`"}
+          "deploy_bench.py": "starts a SuperLink and 4 SuperNodes and runs two campaigns (~4 min): `make bench-deploy`",
+          "llm_session_memory.py": "the LLM child's session-build memory per onnxruntime option (--model a release's ONNX)",
+          "llm_step_profile.py": "an LLM decode step's graph vs token-choice time per thread count (--model ...)"}
 
 
 #: scripts that need longer than ``--timeout`` (seconds): four LoRA campaigns of 3 rounds

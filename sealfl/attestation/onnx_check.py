@@ -5,9 +5,10 @@ An ONNX tensor may keep its bytes outside the model file ("external data", ONNX 
 ``offset``, ``length``; onnx/docs/ExternalData.md). onnxruntime then reads that path
 relative to the model's directory -- for a model loaded from bytes, relative to the working
 directory -- so a signed model whose initializer points at ``../../etc/hostname`` or
-``weights.bin`` would load bytes nobody signed. :func:`check_self_contained` parses the
-model (``onnx.ModelProto.ParseFromString``; no external data is ever loaded) and refuses
-every tensor that points outside, wherever it sits:
+``weights.bin`` would load bytes nobody signed. :func:`check_self_contained` walks the
+model's protobuf wire format (:mod:`sealfl.attestation.onnx_wire`: no tensor's bytes are
+copied, no external data is ever loaded) and refuses every tensor that points outside,
+wherever it sits:
 
 * graph initializers and sparse initializers (values and indices);
 * tensors in node attributes (``t``, ``tensors``, ``sparse_tensor``, ``sparse_tensors``),
@@ -17,7 +18,8 @@ every tensor that points outside, wherever it sits:
 * the node bodies of model-local functions (``ModelProto.functions``);
 * the graphs of ``ModelProto.training_info`` (initialization and algorithm).
 
-Pure (bytes in, decision out); the ``onnx`` package is imported on first use only.
+Pure (bytes in, decision out). :func:`external_tensors` does the same on a parsed
+``onnx.ModelProto`` (tools and tests; the ``onnx`` package is the caller's).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sealfl.attestation.errors import VerificationError
+from sealfl.attestation.onnx_wire import WireError, scan_external
 
 __all__ = ["ExternalTensor", "external_tensors", "check_self_contained"]
 
@@ -115,17 +118,13 @@ def check_self_contained(data: bytes, file: str) -> None:
             graph, or any tensor uses external data (the message names up to five such
             tensors, where each sits and the path it points at).
     """
-    import onnx
-    from google.protobuf.message import DecodeError
-
-    model = onnx.ModelProto()
     try:
-        model.ParseFromString(data)
-    except (DecodeError, RuntimeError, ValueError) as exc:
+        has_graph, found = scan_external(data)  # the wire format, no copy of any tensor (onnx_wire)
+    except WireError as exc:
         raise VerificationError(file, "onnx", f"not an ONNX model ({exc})") from exc
-    if not model.HasField("graph"):
+    if not has_graph:
         raise VerificationError(file, "onnx", "not an ONNX model: it has no graph")
-    refs = external_tensors(model)
+    refs = [ExternalTensor(tensor, where, location) for tensor, where, location in found]
     if refs:
         listed = "; ".join(f"tensor {r.tensor!r} ({r.where}) -> external data {r.location!r}"
                            for r in refs[:_MAX_LISTED])

@@ -11,6 +11,14 @@
    and read it no further than its signed size + 1 byte;
 5. :func:`~sealfl.attestation.verify.verify_payload` on those bytes.
 
+With ``keep`` (a choice made on the signed metadata, after step 3), a listed file that is
+not kept is *streamed* instead in step 4: read through one small buffer
+(:data:`STREAM_CHUNK`) and hashed, to EOF or its signed size + 1 byte, its bytes never held
+together -- a device booting the INT4 variant of a causal-LM release does not hold the
+172 MB INT8 one it verifies (issue 24). The release is accepted or refused exactly as
+without ``keep``, except that a streamed ``.onnx`` file is not parsed (check 10: it is not
+loaded).
+
 Every file is opened relative to a directory fd with ``O_NOFOLLOW | O_NONBLOCK`` and checked
 with ``fstat`` on the open fd (no check-then-open race; symlinks, FIFOs and devices are
 refused as ``file-type``). So the memory and time a release costs the device are bounded by
@@ -26,7 +34,7 @@ import errno
 import logging
 import os
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
 from sealfl.attestation.bigread import MIN_BYTES, read_new_bytes
@@ -37,11 +45,14 @@ from sealfl.attestation.errors import VerificationError
 from sealfl.attestation.trust import TrustAnchors
 from sealfl.attestation.verify import SignedRelease, VerifiedRelease, verify_metadata, verify_payload
 
-__all__ = ["load_release", "read_release_dir"]
+__all__ = ["STREAM_CHUNK", "load_release", "read_release_dir", "stream_sha256"]
 
 log = logging.getLogger(__name__)
 
 _MAX_READ = 1 << 30  # bytes per read() call: one allocation each, below Linux's 0x7ffff000 cap
+#: bytes per read of a streamed (hashed, not kept) file: large enough for hashlib to run at
+#: openssl's speed, small enough to stay in the CPU's caches
+STREAM_CHUNK = 1 << 20
 
 
 def _open_dir(root: str) -> int:
@@ -188,9 +199,49 @@ def _read_payload(dfd: int, name: str, signed_size: int) -> tuple[bytes, str | N
         os.close(fd)
 
 
+def stream_sha256(fd: int, limit: int, sink: Callable[[memoryview], None] | None = None) -> tuple[int, str]:
+    """Read ``fd`` from its offset to EOF, but no further than ``limit + 1`` bytes, through one
+    :data:`STREAM_CHUNK` buffer; returns ``(bytes read, SHA-256 hex of them)``. ``sink``, if
+    given, gets a view of each chunk (valid only during the call) after it was hashed (a
+    slot copy writes it). Raises OSError from ``read(2)`` or the sink."""
+    import hashlib
+
+    h = hashlib.sha256()
+    buf = bytearray(STREAM_CHUNK)
+    view = memoryview(buf)
+    got, want = 0, limit + 1
+    try:
+        while got < want:
+            n = os.readv(fd, [view[:min(STREAM_CHUNK, want - got)]])
+            if n == 0:
+                break
+            h.update(view[:n])
+            if sink is not None:
+                sink(view[:n])
+            got += n
+    finally:
+        view.release()
+    return got, h.hexdigest()
+
+
+def _stream_payload(dfd: int, name: str, signed_size: int) -> tuple[int, str]:
+    """(bytes read, their SHA-256) of a listed file that is not kept (:func:`stream_sha256`)."""
+    fd, st = _open_regular(dfd, name)
+    try:
+        if st.st_size != signed_size:
+            raise VerificationError(name, "hash", f"size {st.st_size} bytes != signed size {signed_size} "
+                                    "(refused before reading)")
+        return stream_sha256(fd, signed_size)
+    except OSError as exc:
+        raise VerificationError(name, "read", f"cannot read: {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
+
+
 def load_release(path: str | os.PathLike, trust: TrustAnchors, *, state: DeviceState | None = None,
                  config: VerifyConfig = DEFAULT_CONFIG,
-                 on_payload: Callable[[SignedRelease, Mapping[str, bytes]], None] | None = None) -> VerifiedRelease:
+                 on_payload: Callable[[SignedRelease, Mapping[str, bytes]], None] | None = None,
+                 keep: Callable[[SignedRelease], Collection[str] | None] | None = None) -> VerifiedRelease:
     """Read and verify the release directory ``path`` (steps in the module docstring).
 
     Args:
@@ -203,6 +254,10 @@ def load_release(path: str | os.PathLike, trust: TrustAnchors, *, state: DeviceS
             the hashing but must not trust the bytes (device boot stages the model in the
             sandboxed child's stage file, :meth:`sealfl.enclave.sandbox.runtime.SandboxedRuntime.stage`). It must
             not raise; the release is refused or accepted by the checks alone.
+        keep: called with the signed release (checks 1-8 passed); returns the payload file
+            names whose bytes to keep, or None for all. The others are streamed (module
+            docstring): verified, then listed in ``VerifiedRelease.streamed``. It must not
+            raise (a choice it cannot make: return None).
 
     Returns:
         the :class:`~sealfl.attestation.verify.VerifiedRelease`; its ``payload`` and
@@ -223,15 +278,20 @@ def load_release(path: str | os.PathLike, trust: TrustAnchors, *, state: DeviceS
             if name in names:
                 documents[name] = _read_document(dfd, name, config.document_cap(name))
         signed = verify_metadata(documents, names, trust, state=state, config=config)
-        read = {entry.path: _read_payload(dfd, entry.path, entry.size) for entry in signed.files}
+        wanted = keep(signed) if keep is not None else None
+        held = [e for e in signed.files if wanted is None or e.path in wanted]
+        # streamed first: the kept files are read last, each freed file's memory reused
+        streamed = {e.path: _stream_payload(dfd, e.path, e.size) for e in signed.files if e not in held}
+        read = {entry.path: _read_payload(dfd, entry.path, entry.size) for entry in held}
     finally:
         os.close(dfd)
     payload = {path: data for path, (data, _) in read.items()}
     digests = {path: digest for path, (_, digest) in read.items() if digest is not None}
     if on_payload is not None:
         on_payload(signed, payload)
-    log.debug("read %d signed files from release dir %s", len(payload) + len(documents), Path(root))
-    return verify_payload(signed, payload, digests)
+    log.debug("read %d signed files from release dir %s (%d streamed, not kept)", len(payload) + len(documents),
+              Path(root), len(streamed))
+    return verify_payload(signed, payload, digests, streamed)
 
 
 def read_release_dir(path: str | os.PathLike, *, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,

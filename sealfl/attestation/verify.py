@@ -33,9 +33,14 @@ Checks, in order (each failure raises :class:`VerificationError` naming file and
    release key (:mod:`sealfl.attestation.model_sig`) whose resources are exactly the signed
    payload files (their signed digests) and the other documents (their SHA-256; the optional
    provenance.dsse.json too: its content is the auditor's, :mod:`sealfl.attestation.audit`).
-9. ``hash``       every payload file has its signed size and SHA-256 (all mismatches reported).
+9. ``hash``       every payload file has its signed size and SHA-256 (all mismatches reported)
+   -- also a file the reader *streamed*: hashed as it was read and not kept
+   (:func:`sealfl.attestation.reader.load_release` ``keep``; a device booting one variant of
+   a causal-LM release does not hold the others).
 10. ``onnx``      every ``.onnx`` payload and the metadata's ``model_file`` is a
-    self-contained ONNX model (:mod:`sealfl.attestation.onnx_check`).
+    self-contained ONNX model (:mod:`sealfl.attestation.onnx_check`) -- every such file that
+    is held: a streamed file is never loaded from this verification (a boot that wants it
+    keeps it, and then it is checked).
 """
 
 from __future__ import annotations
@@ -131,6 +136,9 @@ class VerifiedRelease:
         backend: TEE backend of the release attestation (``"sim"`` is insecure).
         statement_digest: SHA-256 of the signed statement, lowercase hex (one per signed release).
         documents: ``{name: bytes}`` of manifest.dsse.json, manifest.json, attestation.json, model.sig.
+        streamed: the payload files that were verified (size and SHA-256) as they streamed
+            past and not kept, ``{name: FileEntry}`` (empty unless the reader was asked to
+            keep only some files); their bytes are in no attribute.
     """
 
     name: str
@@ -142,9 +150,11 @@ class VerifiedRelease:
     backend: str = "sim"
     statement_digest: str = ""
     documents: dict[str, bytes] = field(default_factory=dict, repr=False)
+    streamed: dict[str, FileEntry] = field(default_factory=dict, repr=False)
 
     def files(self) -> dict[str, bytes]:
-        """Every file of the release directory as verified: documents and payload."""
+        """Every file of the release directory held as verified: documents and payload
+        (not the :attr:`streamed` ones)."""
         return {**self.documents, **self.payload}
 
 
@@ -281,28 +291,51 @@ def _model_files(signed: SignedRelease) -> list[str]:
     return sorted(names)
 
 
+def _is_hex_digest(digest) -> bool:
+    return isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
+
+
 def verify_payload(signed: SignedRelease, payload: Mapping[str, bytes],
-                   digests: Mapping[str, str] | None = None) -> VerifiedRelease:
+                   digests: Mapping[str, str] | None = None,
+                   streamed: Mapping[str, tuple[int, str]] | None = None) -> VerifiedRelease:
     """Checks 9-10 (module docstring): sizes, hashes, self-contained ONNX. Pure.
 
     Args:
         signed: the result of :func:`verify_metadata`.
-        payload: ``{path: bytes}`` of every signed payload file (immutable ``bytes``).
+        payload: ``{path: bytes}`` of every signed payload file that is kept (immutable
+            ``bytes``).
         digests: optional ``{path: SHA-256 hex}`` that the caller computed over exactly
             those ``bytes`` objects while reading them (:func:`sealfl.attestation.reader.load_release`
             hashes a large file chunk by chunk as it arrives); used instead of hashing
             them again. Anything but 64 lowercase hex characters is ignored (hashed here).
+        streamed: ``{path: (bytes read, SHA-256 hex of them)}`` of the signed payload files
+            that are not kept: the reader hashed them as it read them (to EOF, at most the
+            signed size + 1 byte) and dropped the bytes. Every signed file must be in
+            exactly one of ``payload`` and ``streamed``.
 
     Returns:
-        a :class:`VerifiedRelease` whose ``payload`` values are the objects passed in.
+        a :class:`VerifiedRelease` whose ``payload`` values are the objects passed in and
+        whose ``streamed`` names the others.
 
     Raises:
-        VerificationError: ``missing-file``, ``extra-file``, ``read`` (not ``bytes``),
-            ``hash`` (every mismatching file listed; ``file`` is the first) or ``onnx``.
+        VerificationError: ``missing-file``, ``extra-file`` (also a file both held and
+            streamed), ``read`` (not ``bytes``), ``hash`` (every mismatching file listed;
+            ``file`` is the first) or ``onnx``.
     """
-    _listing_problems([e.path for e in signed.files], payload)
+    streamed = dict(streamed or {})
+    both = sorted(set(payload) & set(streamed))
+    if both:
+        raise VerificationError(both[0], "extra-file", f"given both as bytes and as streamed: {both}", tuple(both))
+    _listing_problems([e.path for e in signed.files], [*payload, *streamed])
     mismatched: list[tuple[str, str]] = []
     for entry in signed.files:
+        if entry.path in streamed:
+            size, digest = streamed[entry.path]
+            if size != entry.size:
+                mismatched.append((entry.path, f"size {size} bytes != signed size {entry.size}"))
+            elif not _is_hex_digest(digest) or not hmac.compare_digest(digest, entry.sha256):
+                mismatched.append((entry.path, f"sha256 {digest} != signed {entry.sha256}"))
+            continue
         data = payload[entry.path]
         if not isinstance(data, bytes):
             raise VerificationError(entry.path, "read", f"content must be immutable bytes, got {type(data).__name__}")
@@ -310,7 +343,7 @@ def verify_payload(signed: SignedRelease, payload: Mapping[str, bytes],
             mismatched.append((entry.path, f"size {len(data)} bytes != signed size {entry.size}"))
             continue
         digest = (digests or {}).get(entry.path)
-        if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+        if not _is_hex_digest(digest):
             digest = hashlib.sha256(data).hexdigest()
         if not hmac.compare_digest(digest, entry.sha256):
             mismatched.append((entry.path, f"sha256 {digest} != signed {entry.sha256}"))
@@ -318,14 +351,16 @@ def verify_payload(signed: SignedRelease, payload: Mapping[str, bytes],
         others = f" (all mismatching files: {[p for p, _ in mismatched]})" if len(mismatched) > 1 else ""
         raise VerificationError(mismatched[0][0], "hash", mismatched[0][1] + others, tuple(p for p, _ in mismatched))
     for name in _model_files(signed):
-        check_self_contained(payload[name], name)
-    log.info("verified release %s v%d root %s statement %s (backend %s)", signed.name, signed.version,
-             signed.root_digest, signed.statement_digest[:16], signed.backend)
+        if name not in streamed:
+            check_self_contained(payload[name], name)
+    log.info("verified release %s v%d root %s statement %s (backend %s)%s", signed.name, signed.version,
+             signed.root_digest, signed.statement_digest[:16], signed.backend,
+             f"; streamed, not kept: {sorted(streamed)}" if streamed else "")
     return VerifiedRelease(
         name=signed.name, version=signed.version, root_digest=signed.root_digest,
-        payload={e.path: payload[e.path] for e in signed.files}, manifest=signed.manifest,
+        payload={e.path: payload[e.path] for e in signed.files if e.path not in streamed}, manifest=signed.manifest,
         metadata=signed.metadata, backend=signed.backend, statement_digest=signed.statement_digest,
-        documents=dict(signed.documents),
+        documents=dict(signed.documents), streamed={e.path: e for e in signed.files if e.path in streamed},
     )
 
 

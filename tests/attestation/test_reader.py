@@ -234,3 +234,95 @@ def test_verify_payload_uses_a_well_formed_digest_and_ignores_anything_else(rele
         verify_payload(signed, payload, {MODEL_FILE: bad})  # ignored: hashed here, verifies
     with pytest.raises(VerificationError, match="sha256"):
         verify_payload(signed, payload, {MODEL_FILE: hashlib.sha256(b"other bytes").hexdigest()})
+
+
+# -- keep: files verified as they stream past, never held (issue 24) ----------------------------
+
+def _two_files(enclave, tmp_path, size: int = 3 * 1024**2 + 17):
+    kept, streamed = os.urandom(4096), os.urandom(size)  # the streamed one spans several chunks
+    rel = tmp_path / "release-two"
+    enclave.write_release(rel, {"kept.bin": kept, "other.bin": streamed}, "two", 1, {})
+    return rel, kept, streamed
+
+
+def test_a_file_not_kept_is_verified_and_not_held(enclave, trust_dir, tmp_path, monkeypatch):
+    """keep names the held files; the other is hashed through one small buffer: never read
+    into a bytes object of its size, absent from payload, listed in streamed."""
+    rel, kept, streamed = _two_files(enclave, tmp_path)
+    big_reads = []
+    real_read = reader._read_at_most
+
+    def spy(fd, name, limit, hasher=None):
+        big_reads.append(name)
+        return real_read(fd, name, limit, hasher)
+
+    monkeypatch.setattr(reader, "_read_at_most", spy)
+    seen = []
+
+    def keep(signed):
+        seen.append(sorted(e.path for e in signed.files))
+        return {"kept.bin"}
+
+    v = load_release(rel, load_trust_anchors(trust_dir), keep=keep)
+    assert seen == [["kept.bin", "other.bin"]]
+    assert v.payload == {"kept.bin": kept} and set(v.streamed) == {"other.bin"}
+    assert v.streamed["other.bin"].size == len(streamed)
+    assert "other.bin" not in big_reads  # the documents and kept.bin only
+    assert set(v.files()) >= {"kept.bin"} and "other.bin" not in v.files()
+
+
+@pytest.mark.parametrize("how", ["flip", "append"])
+def test_a_tampered_file_is_refused_even_when_not_kept(enclave, trust_dir, tmp_path, how):
+    rel, _, streamed = _two_files(enclave, tmp_path)
+    with open(rel / "other.bin", "r+b") as fh:
+        if how == "flip":
+            fh.seek(len(streamed) - 1)
+            fh.write(bytes([streamed[-1] ^ 1]))
+        else:
+            fh.seek(0, os.SEEK_END)
+            fh.write(b"x")
+    with pytest.raises(VerificationError) as info:
+        load_release(rel, load_trust_anchors(trust_dir), keep=lambda s: {"kept.bin"})
+    assert (info.value.file, info.value.check) == ("other.bin", "hash")
+
+
+def test_stream_sha256_reads_at_most_limit_plus_one_and_matches_hashlib(tmp_path):
+    import hashlib
+
+    data = os.urandom(reader.STREAM_CHUNK * 2 + 5)
+    (tmp_path / "f").write_bytes(data)
+    for limit in (len(data), len(data) - 1, 10):
+        fd = os.open(tmp_path / "f", os.O_RDONLY)
+        try:
+            got, digest = reader.stream_sha256(fd, limit)
+        finally:
+            os.close(fd)
+        n = min(len(data), limit + 1)
+        assert (got, digest) == (n, hashlib.sha256(data[:n]).hexdigest())
+
+
+def test_verify_payload_refuses_a_file_both_held_and_streamed_or_missing(release_files, trust_dir):
+    import hashlib
+
+    from sealfl.attestation.verify import verify_metadata, verify_payload
+
+    trust = load_trust_anchors(trust_dir)
+    docs = {k: v for k, v in release_files.items() if k.endswith(".json") or k == "model.sig"}
+    signed = verify_metadata(docs, list(release_files), trust)
+    payload = {e.path: release_files[e.path] for e in signed.files}
+    data = payload[MODEL_FILE]
+    ok = {MODEL_FILE: (len(data), hashlib.sha256(data).hexdigest())}
+    rest = {k: v for k, v in payload.items() if k != MODEL_FILE}
+    v = verify_payload(signed, rest, streamed=ok)
+    assert MODEL_FILE not in v.payload and set(v.streamed) == {MODEL_FILE}
+    with pytest.raises(VerificationError) as info:
+        verify_payload(signed, payload, streamed=ok)
+    assert info.value.check == "extra-file"
+    for bad in ({MODEL_FILE: (len(data) + 1, ok[MODEL_FILE][1])}, {MODEL_FILE: (len(data), "0" * 64)},
+                {MODEL_FILE: (len(data), None)}):
+        with pytest.raises(VerificationError) as info:
+            verify_payload(signed, rest, streamed=bad)
+        assert (info.value.file, info.value.check) == (MODEL_FILE, "hash")
+    with pytest.raises(VerificationError) as info:
+        verify_payload(signed, rest)
+    assert info.value.check == "missing-file"

@@ -34,7 +34,8 @@ KeySource = Callable[[TEE, Path], tuple[str, bytes]]
 
 
 def open_payload(release: VerifiedRelease, tee: TEE, state_root: Path, key_source: KeySource | None) -> dict:
-    """The release payload with its at-rest files decrypted (the payload itself if none).
+    """The release payload with its at-rest files decrypted (the payload itself if none);
+    files the boot streamed without keeping them (``release.streamed``) stay out of it.
 
     Raises:
         BootError: reason ``"key"``: malformed ``at_rest`` metadata, no key source, the broker
@@ -50,7 +51,7 @@ def open_payload(release: VerifiedRelease, tee: TEE, state_root: Path, key_sourc
     fields.get(spec, "alg", "choice", choices=("AES-256-GCM",))
     files = fields.get(spec, "files", "array", nonempty=True, max_len=64)
     for i, name in enumerate(files):
-        if not isinstance(name, str) or name not in release.payload:
+        if not isinstance(name, str) or (name not in release.payload and name not in release.streamed):
             raise fields.fail(fields.join("files", i), "does not name a payload file of the release")
     if key_source is None:
         raise BootError(f"release {release.name} v{release.version} is encrypted at rest; boot it with a key "
@@ -67,6 +68,8 @@ def open_payload(release: VerifiedRelease, tee: TEE, state_root: Path, key_sourc
     out = dict(release.payload)
     try:
         for name in files:
+            if name in release.streamed:  # verified, not kept: this boot does not load it
+                continue
             out[name] = atrest.decrypt(key, name, release.payload[name])
             if name.lower().endswith((".onnx", ".onnx.enc")) or name == release.metadata.get("model_file"):
                 check_self_contained(out[name], name)

@@ -16,7 +16,8 @@
    caps, then each listed file no further than its signed size + 1 byte; an unlisted file is
    never opened; versions are checked against the device state, the policy and the TEE
    floor (:func:`boot_last_good` finds the floor's release among the slots when
-   ``state.json`` is gone or older: :mod:`sealfl.enclave.device.recover`);
+   ``state.json`` is gone or older: :mod:`sealfl.enclave.device.recover`); a causal-LM
+   release's other variants are only hashed as they stream past (``llm_files_to_keep``);
 5. extend the verified root digest into PCR 23 (a ``release-root`` event);
 6. start :class:`~sealfl.enclave.sandbox.runtime.SandboxedRuntime` with the verified bytes of the
    model file (``metadata["model_file"]``, else the single ``.onnx`` payload file);
@@ -24,7 +25,8 @@
    release's signed canary (:mod:`sealfl.enclave.device.acceptance`): batch and row-by-row
    answers must match the canary's expected outputs within its tolerance;
 8. record the release crash-consistently (:func:`sealfl.enclave.device.slots.commit`): a private
-   copy of the verified bytes in a new ``state_dir/slots/<name>``, then ``state.json``
+   copy of the verified bytes (streamed files: copied and hashed again) in a new
+   ``state_dir/slots/<name>``, then ``state.json``
    (:meth:`DeviceState.accept`), then removal of older slots; then the TEE floor is raised.
    A release is identified by what was signed (its statement digest): booting the last good
    release again -- whatever its envelope's bytes -- keeps its slot and ``state.json``.
@@ -63,7 +65,7 @@ from sealfl.enclave.device.acceptance import input_spec_of
 from sealfl.enclave.device.at_rest import KeySource, open_payload
 from sealfl.enclave.device.doctor import check_release_requirements
 from sealfl.enclave.device.inputs import check_rows
-from sealfl.enclave.device.llm_boot import boot_llm, is_llm_release
+from sealfl.enclave.device.llm_boot import boot_llm, is_llm_release, llm_files_to_keep
 from sealfl.enclave.device.provision import TEE_DIR, open_device_tee, recorded_backend
 from sealfl.enclave.device.recover import last_good_source
 from sealfl.enclave.device.tabular_boot import Prestarted, model_file_of, start_tabular
@@ -194,7 +196,7 @@ def _record(state_root: Path, state: DeviceState, release: VerifiedRelease, sour
                             model_file=model_file)
 
     label = f"v{release.version}-{release.statement_digest[:16]}"
-    return _slots.commit(state_root, release.files(), label, transition)
+    return _slots.commit(state_root, release.files(), label, transition, release.streamed, source)
 
 
 def _boot(trust_dir, release_dir, state_dir, **kw) -> BootedDevice:
@@ -275,7 +277,8 @@ def _boot_locked(trust_dir, release_dir, state_root: Path, *, backend: str | Non
     try:
         release = source.release if source is not None and source.release is not None else load_release(
             release_path, trust, state=state, config=config,
-            on_payload=prestarted.stage if prestarted is not None else None)
+            on_payload=prestarted.stage if prestarted is not None else None,
+            keep=lambda signed: llm_files_to_keep(signed.metadata, [e.path for e in signed.files], variant))
         floor.check(release.version, release.statement_digest)
     except VerificationError as exc:
         raise BootError(f"release in {release_path} refused: {exc}", reason="verification",
@@ -318,8 +321,11 @@ def _boot_locked(trust_dir, release_dir, state_root: Path, *, backend: str | Non
                 name=release.name, version=release.version, root_digest=release.root_digest,
                 statement_digest=release.statement_digest, slot=source.recovered, source_dir=str(release_path),
                 model_file=model_file))
-    except (OSError, DeviceStateError) as exc:
+    except (OSError, DeviceStateError, VerificationError) as exc:  # the last: a streamed file changed since
         runtime.close()
+        if isinstance(exc, VerificationError):
+            raise BootError(f"release in {release_path} refused while recording it: {exc}", reason="verification",
+                            file=exc.file, check=exc.check) from exc
         raise BootError(f"cannot record {STATE_FILE}: {exc}", reason="state") from exc
     try:  # after state.json: a crash in between leaves the TEE floor lower, never above the slot;
         # booting the last good release raises it too, so such a gap closes on the next boot

@@ -33,7 +33,8 @@ from sealfl.enclave.errors import BootError, RuntimeSandboxError
 from sealfl.enclave.sandbox.decode import SamplingParams
 from sealfl.enclave.sandbox.llm_runtime import LLMRuntime
 
-__all__ = ["LLM_RUNTIME", "LLMReleaseSpec", "is_llm_release", "llm_spec", "parse_generation_config", "boot_llm"]
+__all__ = ["LLM_RUNTIME", "LLMReleaseSpec", "is_llm_release", "llm_spec", "llm_files_to_keep", "parse_generation_config",
+           "boot_llm"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,30 @@ class LLMReleaseSpec:
 def is_llm_release(metadata: Mapping) -> bool:
     """True if the signed metadata names the causal-LM runtime."""
     return metadata.get("runtime") == LLM_RUNTIME
+
+
+def llm_files_to_keep(metadata: Mapping, payload_names, variant: str | None = None) -> set[str] | None:
+    """The payload files a device booting ``variant`` (default: ``default_variant``) of a
+    causal-LM release must hold: every payload file but the *other* variants' model files
+    -- those are verified as they stream past and dropped
+    (:func:`sealfl.attestation.reader.load_release` ``keep``): for SmolLM2 the parent then
+    holds the 125 MB INT4 model, not 125 + 172 MB. Pure; never raises: None (keep
+    everything) for a release that is not a causal LM or whose variants do not name the
+    chosen one (:func:`llm_spec` then refuses it with the reason).
+
+    Args:
+        metadata: the signed metadata.
+        payload_names: every signed payload file name.
+        variant: the variant the device runs, or None for the release's default.
+    """
+    variants = metadata.get("variants") if is_llm_release(metadata) else None
+    name = variant or (metadata.get("default_variant") if isinstance(variants, dict) else None)
+    if not isinstance(variants, dict) or not isinstance(variants.get(name), dict) \
+            or not isinstance(variants[name].get("file"), str):
+        return None
+    others = {v.get("file") for k, v in variants.items() if k != name and isinstance(v, dict)}
+    others.discard(variants[name]["file"])
+    return {n for n in payload_names if n not in others}
 
 
 def _bad(msg: str) -> BootError:

@@ -11,7 +11,10 @@ Every change is *write new -> fsync -> rename -> fsync the directory -> only the
 old* (:func:`commit`):
 
 1. the verified files are written into ``slots/.tmp-<random>/``, each file fsynced, then the
-   directory fsynced;
+   directory fsynced; files the boot verified without keeping them (a causal-LM release's
+   other variants, ``VerifiedRelease.streamed``) are copied from the release directory
+   through a small buffer and hashed as they are copied: a copy that does not have its
+   signed size and SHA-256 (the file changed since it was verified) is refused;
 2. that directory is renamed to a **new** name ``slots/<label>-<random>``
    (never over an existing slot, so booting the same release again never touches the slot
    ``state.json`` points at) and ``slots/`` is fsynced;
@@ -34,7 +37,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from sealfl.attestation.device_state import SLOTS_DIR, STATE_FILE, DeviceState, check_slot_path
-from sealfl.attestation.errors import DeviceStateError
+from sealfl.attestation.errors import DeviceStateError, VerificationError
+from sealfl.attestation.reader import stream_sha256
+from sealfl.attestation.verify import FileEntry
 from sealfl.common.fsutil import atomic_write, ensure_private_dir
 from sealfl.common.testpoints import testpoint
 
@@ -60,6 +65,33 @@ def _write_new_file(dir_fd: int, name: str, data: bytes) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _copy_verified(dir_fd: int, source: Path, entry: FileEntry) -> None:
+    """Copy ``source/entry.path`` into a new file of ``dir_fd``, hashing it as it is copied.
+
+    Raises:
+        VerificationError: (check ``hash``) the copy does not have the signed size and SHA-256.
+        OSError: a read, write or fsync failed.
+    """
+    src = os.open(Path(source) / entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        dst = os.open(entry.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                      dir_fd=dir_fd)
+        try:
+            def write(chunk: memoryview) -> None:
+                while chunk:
+                    chunk = chunk[os.write(dst, chunk):]
+
+            size, digest = stream_sha256(src, entry.size, write)
+            os.fsync(dst)
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
+    if size != entry.size or digest != entry.sha256:
+        raise VerificationError(entry.path, "hash", f"changed in {source} after it was verified (size {size}, "
+                                f"sha256 {digest}; signed {entry.size}, {entry.sha256}); not recorded")
 
 
 def read_state(state_root: Path) -> DeviceState:
@@ -90,11 +122,15 @@ def slot_path(state_root: Path, slot: str) -> Path:
     return Path(state_root) / check_slot_path(slot)
 
 
-def store_slot(state_root: Path, files: Mapping[str, bytes], label: str) -> str:
-    """Steps 1-2 of :func:`commit`: copy ``files`` into a new slot; return ``"slots/<name>"``.
+def store_slot(state_root: Path, files: Mapping[str, bytes], label: str,
+               streamed: Mapping[str, FileEntry] | None = None, source: Path | None = None) -> str:
+    """Steps 1-2 of :func:`commit`: copy ``files`` (and the ``streamed`` files, from the
+    release directory ``source``, which they need) into a new slot; return ``"slots/<name>"``.
 
     Raises:
         OSError: a write, fsync or rename failed (the temp directory is removed).
+        VerificationError: a streamed file changed after it was verified (the temp
+            directory is removed).
     """
     slots = ensure_private_dir(Path(state_root) / SLOTS_DIR)
     token = secrets.token_hex(4)
@@ -105,6 +141,8 @@ def store_slot(state_root: Path, files: Mapping[str, bytes], label: str) -> str:
         try:
             for name, data in sorted(files.items()):
                 _write_new_file(dfd, name, data)
+            for name, entry in sorted((streamed or {}).items()):
+                _copy_verified(dfd, source, entry)
             os.fsync(dfd)
         finally:
             os.close(dfd)
@@ -150,7 +188,8 @@ def prune_slots(state_root: Path, keep: str) -> None:
 
 
 def commit(state_root: Path, files: Mapping[str, bytes], label: str,
-           transition: Callable[[str], DeviceState]) -> DeviceState:
+           transition: Callable[[str], DeviceState], streamed: Mapping[str, FileEntry] | None = None,
+           source: Path | None = None) -> DeviceState:
     """Record a booted release crash-consistently (steps in the module docstring).
 
     Args:
@@ -160,6 +199,8 @@ def commit(state_root: Path, files: Mapping[str, bytes], label: str,
             ``"v3-<statement digest prefix>"``; a random suffix makes the name new.
         transition: ``slot -> DeviceState``, the pure transition (e.g. wrapping
             :meth:`DeviceState.accept`), called once the slot exists.
+        streamed, source: files verified without being kept (``VerifiedRelease.streamed``)
+            and the release directory to copy them from (:func:`store_slot`).
 
     Returns:
         the new :class:`DeviceState`, now in ``state.json``.
@@ -170,8 +211,9 @@ def commit(state_root: Path, files: Mapping[str, bytes], label: str,
             behind is removed by the next commit.
         DeviceStateError: the transition refused the release (nothing was changed but a new,
             unreferenced slot).
+        VerificationError: a streamed file changed after it was verified (nothing changed).
     """
-    slot = store_slot(state_root, files, label)
+    slot = store_slot(state_root, files, label, streamed, source)
     new_state = transition(slot)
     write_state(state_root, new_state)
     testpoint("state-written")

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Collection
 
 from sealfl.attestation.config import DEFAULT_CONFIG, VerifyConfig
 from sealfl.attestation.reader import load_release
 from sealfl.attestation.trust import load_trust_anchors
-from sealfl.attestation.verify import VerifiedRelease
+from sealfl.attestation.verify import SignedRelease, VerifiedRelease
 
 __all__ = ["verify_dir"]
 
 
 def verify_dir(trust_dir: str | os.PathLike, release_dir: str | os.PathLike, *,
-               config: VerifyConfig = DEFAULT_CONFIG) -> VerifiedRelease:
+               config: VerifyConfig = DEFAULT_CONFIG,
+               keep: Callable[[SignedRelease], Collection[str] | None] | None = None) -> VerifiedRelease:
     """Verify ``release_dir`` against the trust anchors in ``trust_dir``, reading only what the
     release signed (see :func:`sealfl.attestation.reader.load_release`).
 
@@ -24,9 +26,11 @@ def verify_dir(trust_dir: str | os.PathLike, release_dir: str | os.PathLike, *,
         trust_dir: directory with ``release_key.pub.pem``, ``enclave_ak.pub.pem``, ``policy.json``.
         release_dir: the release directory.
         config: read caps.
+        keep: which payload files to keep (the others are verified as they stream past;
+            :func:`~sealfl.attestation.reader.load_release`); default all.
 
     Raises:
         TrustAnchorError: the trust directory is missing or invalid.
         VerificationError: the release failed a check (``.file``, ``.check``).
     """
-    return load_release(release_dir, load_trust_anchors(trust_dir), config=config)
+    return load_release(release_dir, load_trust_anchors(trust_dir), config=config, keep=keep)

@@ -29,7 +29,6 @@ per concurrent slot.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -43,9 +42,12 @@ import numpy as np
 from sealfl.common.errors import plain_text
 from sealfl.enclave.errors import LLMInputError, RuntimeSandboxError
 from sealfl.enclave.sandbox import child as _rc
+from sealfl.enclave.sandbox.chat_template import ChatTemplate
 from sealfl.enclave.sandbox.decode import SamplingParams
 from sealfl.enclave.sandbox.detokenize import IncrementalDetokenizer
+from sealfl.enclave.sandbox.pipe import widen_pipe, write_all
 from sealfl.enclave.sandbox.runtime import DEFAULT_MEMORY_LIMIT_BYTES, SandboxedRuntime
+from sealfl.enclave.sandbox.threads import choose_threads
 
 #: the child script (:mod:`sealfl.enclave.sandbox.llm_child`), run by path, never imported here
 _LLM_CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llm_child.py")
@@ -53,64 +55,6 @@ _LLM_CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llm_child
 __all__ = ["ChatTemplate", "GenerationResult", "LLMRuntime", "emit_limit"]
 
 log = logging.getLogger(__name__)
-
-
-class ChatTemplate:
-    """A chat template rendered as transformers' ``apply_chat_template`` renders it:
-    ``jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)``
-    with the ``loopcontrols`` extension, a ``tojson`` filter that does not escape HTML,
-    and ``raise_exception``/``strftime_now`` globals (transformers
-    ``utils/chat_template_utils.py``, 5.x).
-
-    Raises:
-        ValueError: the template does not compile.
-    """
-
-    def __init__(self, source: str, special_tokens: Mapping[str, str] | None = None) -> None:
-        import datetime
-
-        import jinja2
-        import jinja2.ext
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        def raise_exception(message):
-            raise jinja2.exceptions.TemplateError(message)
-
-        def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-            return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=[jinja2.ext.loopcontrols])
-        env.filters["tojson"] = tojson
-        env.globals["raise_exception"] = raise_exception
-        env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
-        try:
-            self._template = env.from_string(source)
-        except jinja2.exceptions.TemplateError as exc:
-            raise LLMInputError(f"chat template does not compile: {exc}") from exc
-        self.special_tokens = dict(special_tokens or {})
-
-    def render(self, messages: Sequence[Mapping], add_generation_prompt: bool = True) -> str:
-        """Render ``[{"role": str, "content": str}, ...]``.
-
-        Raises:
-            ValueError: a message is not a dict of strings with role and content, or the
-                template raised an error.
-        """
-        import jinja2
-
-        clean = []
-        for i, m in enumerate(messages):
-            if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise LLMInputError(f"message {i} must be an object with string 'role' and 'content'")
-            clean.append({"role": m["role"], "content": m["content"]})
-        if not clean:
-            raise LLMInputError("at least one message is needed")
-        try:
-            return self._template.render(messages=clean, add_generation_prompt=add_generation_prompt,
-                                         **self.special_tokens)
-        except jinja2.exceptions.TemplateError as exc:
-            raise LLMInputError(f"the chat template refused the messages: {exc}") from exc
 
 
 @dataclass
@@ -147,20 +91,70 @@ def emit_limit(text: str, done: bool, hold: int) -> int:
 
 
 class _Child(SandboxedRuntime):
-    """A :class:`SandboxedRuntime` whose child runs :mod:`sealfl.enclave.sandbox.llm_child`."""
+    """A :class:`SandboxedRuntime` whose child runs :mod:`sealfl.enclave.sandbox.llm_child`.
 
-    STAGE_FD = False  # llm_child takes its model over the pipe only
+    The model crosses on a pipe of its own, which onnxruntime in the child reads as a file
+    (``/proc/self/fd/N``) while this process writes the verified bytes into it: the child
+    never holds them as a Python ``bytes`` object, which onnxruntime would copy twice more
+    while parsing (its Python binding makes a ``std::string`` and an ``istringstream`` of
+    it). Measured on the 125 MB INT4 release (``bench/llm_session_memory.py``): the child's
+    peak while building its session 478 MiB from bytes, 357-358 MiB from the pipe, the same
+    logits; no memory file or disk copy is involved.
+    """
+
+    STAGE_FD = False  # the model comes on its own pipe (below)
 
     def __init__(self, model_bytes: bytes, *, max_context: int, head_dim: int, **kw) -> None:
         self._max_context = int(max_context)
         self._head_dim = int(head_dim)
-        super().__init__(model_bytes, **kw)
+        self._model_r, self._model_w = os.pipe()  # both close-on-exec; the child gets the read end by pass_fds
+        try:
+            super().__init__(model_bytes, **kw)
+        finally:
+            for fd in (self._model_r, self._model_w):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass  # already closed by _send_model
 
     def _command(self, memory_limit_bytes: int, intra_op_threads: int, network: str) -> list[str]:
         cmd = [sys.executable, "-I", _LLM_CHILD, "--memory-limit",
                str(int(memory_limit_bytes)), "--threads", str(int(intra_op_threads)), "--network", network,
-               "--max-context", str(self._max_context), "--head-dim", str(self._head_dim)]
+               "--max-context", str(self._max_context), "--head-dim", str(self._head_dim),
+               "--model-fd", str(self._model_r)]
         return cmd + self._parent_args()
+
+    def _pass_fds(self) -> tuple[int, ...]:
+        return (self._model_r,)
+
+    def _send_model(self, model_bytes: bytes, staged: bool) -> dict:
+        """``init`` names the model pipe; a thread writes the bytes into it (then closes it:
+        the child reads to EOF) while this one waits for the reply."""
+        os.close(self._model_r)  # the child has its own copy of the read end
+        self._model_r = -1
+        os.set_blocking(self._model_w, False)
+        widen_pipe(self._model_w)
+        deadline = time.monotonic() + self._start_timeout_s
+        failed: list[BaseException] = []
+
+        def feed() -> None:
+            try:
+                write_all(self._model_w, [model_bytes], deadline)
+            except (OSError, TimeoutError) as exc:  # the child is gone or stuck: the reply says why
+                failed.append(exc)
+            finally:
+                os.close(self._model_w)
+                self._model_w = -1
+
+        writer = threading.Thread(target=feed, name="sandbox-model-pipe", daemon=True)
+        writer.start()
+        try:
+            reply, _ = self._request({"op": "init", "model_pipe": len(model_bytes)}, [], self._start_timeout_s)
+        finally:
+            writer.join()
+        if failed:
+            raise self._fail(f"did not read the whole model from its pipe ({type(failed[0]).__name__})")
+        return reply
 
     # -- a streamed reply (generate): one request, then replies until the stream ends --
 
@@ -213,8 +207,10 @@ class LLMRuntime:
         generation: the verified generation settings (``eos_token_ids``, ``max_context``,
             ``head_dim`` when the graph leaves it symbolic, optional ``special_tokens`` for
             the template).
-        memory_limit_bytes, timeout_s, start_timeout_s, intra_op_threads, network: as for
+        memory_limit_bytes, timeout_s, start_timeout_s, network: as for
             :class:`~sealfl.enclave.sandbox.runtime.SandboxedRuntime`.
+        intra_op_threads: onnxruntime threads of the child; None: the cores really free
+            (:func:`sealfl.enclave.sandbox.threads.choose_threads`).
         die_with_parent: the child gets ``PR_SET_PDEATHSIG`` (SIGKILL): it dies when the
             thread that created this runtime exits -- create it on a thread that lives as
             long as the runtime (a server's main thread).
@@ -246,7 +242,7 @@ class LLMRuntime:
         if not isinstance(special, Mapping) or any(not isinstance(v, str) for v in special.values()):
             raise LLMInputError("generation special_tokens must map names to strings")
         self.chat_template = ChatTemplate(chat_template, special)
-        threads = intra_op_threads or max(1, min(4, os.cpu_count() or 1))
+        threads = choose_threads(1, intra_op_threads)  # the cores really free (sealfl.enclave.sandbox.threads)
         self._child = _Child(model_bytes, max_context=self.max_context, head_dim=head_dim,
                              memory_limit_bytes=memory_limit_bytes,
                              timeout_s=timeout_s, start_timeout_s=start_timeout_s, intra_op_threads=threads,

@@ -31,18 +31,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
 
-import numpy as np
-
-from sealfl.common.errors import plain_text
 from sealfl.enclave.errors import RuntimeSandboxError
 from sealfl.enclave.sandbox import child as _child
-from sealfl.enclave.sandbox.pipe import PIPE_BYTES, read_exact_until, widen_pipe, write_all
+from sealfl.enclave.sandbox.channel import ChildChannel
+from sealfl.enclave.sandbox.pipe import PIPE_BYTES, widen_pipe
 from sealfl.enclave.sandbox.setup import (
     MIN_MEMORY_LIMIT_BYTES,
     check_options,
-    check_timeout,
     private_dir,
     remove_private_dir,
     sweep_stale_dirs,
@@ -87,7 +83,7 @@ def _check_model_bytes(model_bytes) -> None:
         raise RuntimeSandboxError("model_bytes must be non-empty bytes (the verified model)")
 
 
-class SandboxedRuntime:
+class SandboxedRuntime(ChildChannel):
     """An onnxruntime session living in a sandboxed child process.
 
     Args:
@@ -160,8 +156,7 @@ class SandboxedRuntime:
         try:
             self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=self._stderr, env={**_minimal_env(), "HOME": self.homedir}, cwd=self.workdir,
-                                          close_fds=True, start_new_session=True,
-                                          pass_fds=(self._stage.fd,) if self._stage is not None else ())
+                                          close_fds=True, start_new_session=True, pass_fds=self._pass_fds())
         except OSError as exc:
             if self._stage is not None:
                 self._stage.close()
@@ -225,10 +220,7 @@ class SandboxedRuntime:
         self._loading = True  # other requests stay refused ("no model loaded yet") until 'init' is answered
         staged = self._stage is not None and self._stage.holds(model_bytes)
         try:
-            if staged:
-                reply, _ = self._request({"op": "init", "staged": len(model_bytes)}, [], self._start_timeout_s)
-            else:
-                reply, _ = self._request({"op": "init"}, [model_bytes], self._start_timeout_s)
+            reply = self._send_model(model_bytes, staged)
         except BaseException:
             self.close()
             raise
@@ -247,6 +239,18 @@ class SandboxedRuntime:
                 "sandboxed runtime pid %d up (network isolation: %s, memory limit %d bytes, inputs %s)",
                 self.pid, self.network, self._memory_limit, self.input_names)
         return self
+
+    def _pass_fds(self) -> tuple[int, ...]:
+        """Descriptors the child inherits (the stage file of a prestarted child; subclasses
+        add their own)."""
+        return (self._stage.fd,) if self._stage is not None else ()
+
+    def _send_model(self, model_bytes: bytes, staged: bool) -> dict:
+        """The ``init`` exchange: the staged copy, or the bytes as the request's blob; returns
+        the reply header (raises as :meth:`_request`)."""
+        if staged:
+            return self._request({"op": "init", "staged": len(model_bytes)}, [], self._start_timeout_s)[0]
+        return self._request({"op": "init"}, [model_bytes], self._start_timeout_s)[0]
 
     def _command(self, memory_limit_bytes: int, intra_op_threads: int, network: str) -> list[str]:
         """The child's command line (subclasses run another child script)."""
@@ -274,131 +278,6 @@ class SandboxedRuntime:
     def alive(self) -> bool:
         """True while the child process is running and not closed."""
         return not self._closed and self._proc.poll() is None
-
-    # -- pipe I/O with deadlines -------------------------------------------------------
-
-    def _fail(self, what: str, grace_s: float = 0.0) -> RuntimeSandboxError:
-        """Kill the child (after ``grace_s`` seconds to exit by itself) and build the error."""
-        try:
-            self._proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-        try:
-            code = self._proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            code = None
-        self._stderr.seek(0, os.SEEK_END)
-        self._stderr.seek(max(0, self._stderr.tell() - 2000))
-        tail = plain_text(self._stderr.read().decode("utf-8", "replace"))  # no colour codes in a refusal
-        msg = f"sandboxed runtime (pid {self.pid}) {what}; exit code {code}"
-        if tail:
-            msg += f"; child stderr: {tail}"
-        self._closed = True
-        return RuntimeSandboxError(msg)
-
-    def _write_all(self, chunks: Sequence[bytes], deadline: float) -> None:
-        write_all(self._proc.stdin.fileno(), chunks, deadline)
-
-    def _read_exact_until(self, deadline: float):
-        return read_exact_until(self._proc.stdout.fileno(), deadline)
-
-    def _request(self, header: dict, blobs: Sequence[bytes], timeout: float) -> tuple[dict, list[bytes]]:
-        if self._closed:
-            raise RuntimeSandboxError("sandboxed runtime is closed; start a new one")
-        op = header.get("op")
-        if not self._loaded and op != "init":
-            raise RuntimeSandboxError(f"cannot {op!r}: no model loaded yet (prestart() needs load())")
-        timeout = check_timeout(timeout)
-        # the whole message is built and checked before a byte is written: a bad argument
-        # must not leave half a message in the pipe (the child would read the next as its rest)
-        if isinstance(blobs, (bytes, bytearray, str)) or not all(isinstance(b, (bytes, bytearray)) for b in blobs):
-            raise RuntimeSandboxError("request blobs must be a sequence of bytes objects")
-        try:
-            message = _child.encode_message(header, blobs)
-        except (TypeError, ValueError, RecursionError) as exc:
-            raise RuntimeSandboxError(f"request header {op!r} is not JSON-serialisable: {exc}") from exc
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            try:
-                self._write_all(message, deadline)
-                reply, out = _child.read_message(self._read_exact_until(deadline), self._max_reply)
-            except TimeoutError as exc:
-                raise self._fail(f"did not answer {op!r} within {timeout:.1f} s and was killed") from exc
-            except (EOFError, BrokenPipeError) as exc:
-                raise self._fail(f"exited during {op!r} (crash or memory limit)", 1.0) from exc
-            except (ValueError, OSError) as exc:
-                raise self._fail(f"sent a malformed reply to {op!r}: {exc}") from exc
-        if not reply.get("ok"):
-            error = plain_text(str(reply.get("error", "unknown error")))
-            if op == "init":
-                raise self._fail(f"could not load the model: {error}", 1.0)
-            raise RuntimeSandboxError(f"sandboxed runtime (pid {self.pid}) failed {op!r}: {error}")
-        return reply, out
-
-    def request(self, header: dict, blobs: Sequence[bytes] = (), timeout: float | None = None) -> tuple[dict, list[bytes]]:
-        """Send one protocol request and return ``(reply header, reply blobs)``.
-
-        Raises:
-            RuntimeSandboxError: ``op`` is ``init``/``shutdown`` (those are :meth:`load` and
-                :meth:`close`), the child replied ``ok: false``, crashed, sent a malformed
-                reply or did not answer within ``timeout`` (default ``timeout_s``).
-        """
-        if not isinstance(header, Mapping) or header.get("op") in ("init", "shutdown"):
-            op = header.get("op") if isinstance(header, Mapping) else header
-            raise RuntimeSandboxError(f"request op {op!r} is not allowed here: a model is given with load(), "
-                                      "the child is stopped with close()")
-        return self._request(header, blobs, self.timeout_s if timeout is None else timeout)
-
-    def send(self, header: dict) -> dict:
-        """:meth:`request` without blobs; returns the reply header."""
-        return self.request(header)[0]
-
-    def fail(self, what: str) -> RuntimeSandboxError:
-        """Kill the child and return the error describing ``what`` went wrong."""
-        return self._fail(what)
-
-    # -- API ---------------------------------------------------------------------------
-
-    def run(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        """Run the model; returns the outputs in :attr:`output_names` order.
-
-        Args:
-            inputs: ``{input name: numpy array}``; dtypes/shapes as the model declares.
-
-        Raises:
-            RuntimeSandboxError: unknown input names, an inference error in the child (its
-                message is included), a crash, or no reply within ``timeout_s``.
-        """
-        if self._closed:
-            raise RuntimeSandboxError("sandboxed runtime is closed; start a new one")
-        if not self._loaded:
-            raise RuntimeSandboxError("cannot 'run': no model loaded yet (prestart() needs load())")
-        if not isinstance(inputs, Mapping):
-            raise RuntimeSandboxError(f"inputs must be a mapping of input name to array, got {type(inputs).__name__}")
-        if not all(isinstance(k, str) for k in inputs):
-            raise RuntimeSandboxError(f"input names must be strings; the model takes {self.input_names}")
-        unknown = sorted(k for k in inputs if k not in self.input_names)
-        if unknown:
-            raise RuntimeSandboxError(f"unknown model inputs {unknown}; the model takes {self.input_names}")
-        names = list(inputs)
-        try:
-            blobs = [_child.array_to_bytes(np.asarray(inputs[n])) for n in names]
-        except ValueError as exc:
-            raise RuntimeSandboxError(f"cannot send inputs to the sandbox: {exc}") from exc
-        _, out = self._request({"op": "run", "inputs": names}, blobs, self.timeout_s)
-        try:
-            return [_child.bytes_to_array(b) for b in out]
-        except ValueError as exc:
-            raise self._fail(f"returned an unreadable output array: {exc}") from exc
-
-    def health_check(self) -> dict:
-        """Ping the child; returns ``{"ok": True, "pid": int, "network": str}``.
-
-        Raises:
-            RuntimeSandboxError: the child is gone or did not answer within ``timeout_s``.
-        """
-        reply, _ = self._request({"op": "ping"}, [], self.timeout_s)
-        return {"ok": True, "pid": reply.get("pid"), "network": reply.get("network")}
 
     def close(self) -> None:
         """Stop the child (polite shutdown, then SIGKILL by pid) and drop a :meth:`stage`-d

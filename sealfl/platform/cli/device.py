@@ -196,7 +196,7 @@ def serve(
     max_body_bytes: int = typer.Option(1 << 20, min=1024, max=64 << 20, help="Largest request body (400 "
                                        "beyond)."),
     threads: Optional[int] = typer.Option(None, min=1, max=64, help="onnxruntime threads per slot "
-                                          "(default: cores / slots)."),
+                                          "(default: the cores really free when it starts, split over the slots; also SEALFL_LLM_THREADS)."),
     access_log: str = typer.Option("-", "--access-log", help="Where the access log goes, one line per request "
                                    "(method, path, status, tokens, time to first token, total time; never the "
                                    "prompt): '-' = stderr, 'off', or a file to append to."),

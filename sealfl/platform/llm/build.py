@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import tempfile
 import time
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ import numpy as np
 
 from sealfl.clients.causal_lm.base import LMBundle
 from sealfl.clients.causal_lm.corpus import LICENCE, SOURCE
-from sealfl.clients.causal_lm.lora import LoraSpec
+from sealfl.clients.causal_lm.lora import LoraSpec, adapter_layout
 from sealfl.clients.causal_lm.merge import merge_adapters
 from sealfl.enclave.device.llm_boot import LLM_RUNTIME
 from sealfl.platform.errors import ReleaseError
@@ -40,7 +41,8 @@ from sealfl.platform.llm.export import export_fp32
 from sealfl.platform.llm.gate import THRESHOLDS, GateCounts, candidate_scores, check_gate, compare, reference_scores
 from sealfl.platform.llm.quantize import SCHEMES, QuantizeError, quantize_llm
 
-__all__ = ["VARIANTS", "LLMBuild", "build_candidates", "quantize_variants", "score_candidates", "llm_release_files"]
+__all__ = ["VARIANTS", "LLMBuild", "adapter_low_rank", "build_candidates", "quantize_variants", "score_candidates",
+           "llm_release_files"]
 
 log = logging.getLogger(__name__)
 
@@ -84,14 +86,78 @@ def _special_tokens(bundle: LMBundle) -> dict:
     return out
 
 
-def _quantize_task(model: bytes, scheme: str, eight_bit: tuple[str, ...]) -> tuple[bytes, str]:
+_MODULE = re.compile(r"\Amodel\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\Z")
+
+
+def adapter_low_rank(merged, spec: LoraSpec, adapters: np.ndarray, proto) -> dict:
+    """The adapters of ``adapters`` as low-rank terms of the exported graph's MatMuls, for
+    :func:`~sealfl.platform.llm.quantize.quantize_llm` ``low_rank``: ``{node name: (A, B)}``
+    with ``x @ A @ B`` = the LoRA update of that node's weight (``W = base + A @ B``, x @ W
+    layout: A float32 (K, R), B float32 (R, N)). A fused ``qkv_proj`` gets the q/k/v
+    modules' terms side by side (their ranks stacked, each ``B`` in its own columns).
+
+    Every mapping is checked on the bytes: the node's weight columns must equal the merged
+    module's weight (transposed) exactly, so a layout the export changed is refused, not
+    guessed.
+
+    Raises:
+        ReleaseError: an adapted module has no MatMul node, or its columns differ.
+    """
+    from onnx import numpy_helper
+
+    cfg = merged.config
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+    nq, nk = cfg.num_attention_heads * head_dim, cfg.num_key_value_heads * head_dim
+    inits = {i.name: i for i in proto.graph.initializer}
+    nodes = {n.name: n for n in proto.graph.node if n.op_type == "MatMul" and len(n.input) == 2}
+    modules = dict(merged.named_modules())
+    vec = np.asarray(adapters, dtype=np.float64)
+    parts, pos = {}, 0
+    for name, (rows, cols) in adapter_layout(merged, spec):
+        parts[name] = vec[pos:pos + rows * cols].reshape(rows, cols)
+        pos += rows * cols
+    groups: dict[str, list] = {}
+    for module in [n[:-2] for n in parts if n.endswith(".A")]:
+        m = _MODULE.match(module)
+        where = None if m is None else (m.group(1), "attn" if m.group(2) == "self_attn" else "mlp", m.group(3))
+        node, col = None, 0
+        if where is not None and where[1] == "attn" and where[2] in ("q_proj", "k_proj", "v_proj") \
+                and f"/model/layers.{where[0]}/attn/qkv_proj/MatMul" in nodes:
+            node = f"/model/layers.{where[0]}/attn/qkv_proj/MatMul"
+            col = {"q_proj": 0, "k_proj": nq, "v_proj": nq + nk}[where[2]]
+        elif where is not None:
+            node = f"/model/layers.{where[0]}/{where[1]}/{where[2]}/MatMul"
+        if node not in nodes or nodes[node].input[1] not in inits:
+            raise ReleaseError(f"adapted module {module} has no MatMul with a constant weight in the export")
+        a, b = parts[module + ".A"], parts[module + ".B"]  # (r, in), (out, r)
+        w = numpy_helper.to_array(inits[nodes[node].input[1]])
+        mine = modules[module].weight.detach().float().numpy().T
+        if w.shape[0] != mine.shape[0] or not np.array_equal(w[:, col:col + mine.shape[1]], mine):
+            raise ReleaseError(f"the export's {node} columns {col}..{col + mine.shape[1]} are not {module}'s weight")
+        groups.setdefault(node, []).append((col, a, b, w.shape))
+    out = {}
+    for node, terms in groups.items():
+        k, n = terms[0][3]
+        rank = sum(a.shape[0] for _, a, _, _ in terms)
+        big_a, big_b, r0 = np.zeros((k, rank)), np.zeros((rank, n)), 0
+        for col, a, b, _ in terms:
+            r = a.shape[0]
+            big_a[:, r0:r0 + r] = a.T
+            big_b[r0:r0 + r, col:col + b.shape[0]] = spec.scale * b.T
+            r0 += r
+        out[node] = (big_a.astype(np.float32), big_b.astype(np.float32))
+    return out
+
+
+def _quantize_task(model: bytes, scheme: str, eight_bit: tuple[str, ...], low_rank: dict | None) -> tuple[bytes, str]:
     """One variant as a Ray task: ``(quantised bytes, id of the node that built it)``."""
     import ray
 
-    return quantize_llm(model, scheme, eight_bit=eight_bit), ray.get_runtime_context().get_node_id()
+    return quantize_llm(model, scheme, eight_bit=eight_bit, low_rank=low_rank), ray.get_runtime_context().get_node_id()
 
 
-def quantize_variants(proto, eight_bit: tuple[str, ...], variants: tuple[str, ...] = VARIANTS) -> tuple[dict, dict]:
+def quantize_variants(proto, eight_bit: tuple[str, ...], variants: tuple[str, ...] = VARIANTS,
+                      low_rank: dict | None = None) -> tuple[dict, dict]:
     """Quantise the exported float32 graph ``proto`` into every variant.
 
     On the Ray cluster this process is connected to (``ray.is_initialized()``), each
@@ -106,10 +172,11 @@ def quantize_variants(proto, eight_bit: tuple[str, ...], variants: tuple[str, ..
     import ray
 
     if not ray.is_initialized():
-        return {v: quantize_llm(proto, v, eight_bit=eight_bit) for v in variants}, {v: "local" for v in variants}
+        return ({v: quantize_llm(proto, v, eight_bit=eight_bit, low_rank=low_rank) for v in variants},
+                {v: "local" for v in variants})
     task = ray.remote(_quantize_task).options(num_cpus=1, scheduling_strategy="SPREAD", max_retries=2)
     model = ray.put(proto.SerializeToString())
-    refs = {v: task.remote(model, v, tuple(eight_bit)) for v in variants}
+    refs = {v: task.remote(model, v, tuple(eight_bit), low_rank) for v in variants}
     out, nodes = {}, {}
     for v, ref in refs.items():
         try:
@@ -145,15 +212,16 @@ def build_candidates(bundle: LMBundle, spec: LoraSpec, adapters: np.ndarray, *, 
         proto = export_fp32(merged, bundle.tokenizer_json, bundle.chat_template, bundle.generation, work)
     t["export"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    adapted = tuple(spec.targets) + (("qkv_proj",) if {"q_proj", "k_proj", "v_proj"} & set(spec.targets) else ())
+    # the adapted layers: base blocks quantised, the LoRA update exact beside them (quantize.py)
+    low_rank = adapter_low_rank(merged, spec, adapters, proto)
     try:
         if ray_address and ray_address != "local":
             from sealfl.platform.simulate import attached_ray
 
             with attached_ray(ray_address):
-                variants, _ = quantize_variants(proto, adapted)
+                variants, _ = quantize_variants(proto, (), low_rank=low_rank)
         else:
-            variants, _ = quantize_variants(proto, adapted)
+            variants, _ = quantize_variants(proto, (), low_rank=low_rank)
     except QuantizeError as exc:
         raise ReleaseError(f"cannot quantise the merged model: {exc}") from exc
     t["quantize"] = time.perf_counter() - t0

@@ -6,39 +6,50 @@ layout of llama.cpp's ggml blocks, ggml-quants.c):
 * ``int4`` -- every linear layer of the decoder in **Q4_1 form**: per block of 32 weights
   ``w = d * q + m`` with ``q`` in 0..15, float ``d = (max - min) / 15`` and float ``m = min``.
   onnxruntime's fast 4-bit kernels take integer zero points only, so the block minimum is
-  carried by a second term::
+  carried by a second term, **centred** (``sealfl.llm-q4_1/v2``)::
 
-      y = MatMulNBits(x; q, scale=d, zero_point=0)  +  (x @ S) @ M
-      S (K, K/32): 0/1, sums x over each block of 32;  M[b, n] = m of block b, column n
+      w = d * (q - 8) + (m + 8 d)
+      y = MatMulNBits(x; q, scale=d)  +  (x @ S) @ M'     (no zero-point input: 8, the default)
+      S (K, K/32): 0/1, sums x over each block of 32;  M'[b, n] = m + 8 d of block b, column n
 
-  which is exactly ``x @ W`` for ``W = d*q + m``. The base model is a Q4_1 GGUF, so for
-  every layer the adapters did not change this quantisation reproduces the base weights
-  (up to float32 rounding of ``d``): it loses nothing the base had not already lost.
-  The tied ``lm_head`` and the token embedding (``Q8_0`` in the GGUF) are quantised too,
-  8-bit symmetric per block (``w = d * q``, ``q`` in -127..127, stored +128), again the
-  GGUF's own form: ``MatMulNBits(bits=8)`` for the head and ``GatherBlockQuantized`` for
-  the embedding lookup, which reads the head's tensors through ``Reshape`` nodes, so the
-  tied table is stored once (32 MB for SmolLM2).
+  which is exactly ``x @ W`` for ``W = d*q + m``. Why centred: the integer kernel quantises
+  ``x`` to int8 per block (``accuracy_level`` 4, below); that error is multiplied by the
+  weights the kernel sees, ``q - 8`` in -8..7 instead of ``q`` in 0..15, and the constant
+  part goes through the float block sums, which are exact -- measured on the base model
+  (issue 24): top-1 agreement with fp32 0.963 centred against 0.935 with ``q`` and ``m``
+  (v1, zero point 0). It also drops the zero-point tensor (the symmetric kernel path).
+  The base model is a Q4_1 GGUF, so for every layer the adapters did not change this
+  quantisation reproduces the base weights (up to float32 rounding of ``d`` and
+  ``m + 8 d``): it loses nothing the base had not already lost. The tied ``lm_head`` and
+  the token embedding (``Q8_0`` in the GGUF) are quantised too, 8-bit symmetric per block
+  (``w = d * q``, ``q`` in -127..127, stored +128), again the GGUF's own form:
+  ``MatMulNBits(bits=8)`` for the head and ``GatherBlockQuantized`` for the embedding
+  lookup, which reads the head's tensors through ``Reshape`` nodes, so the tied table is
+  stored once (32 MB for SmolLM2).
 * ``int8`` -- the decoder layers 8-bit in the same asymmetric form (``q`` in 0..255,
   ``d = (max - min) / 255``; Q4_1 blocks map exactly onto this grid, ``q8 = 17 * q4``),
-  head and embedding as in ``int4``.
+  centred on 128 the same way, head and embedding as in ``int4``.
 
 Adapted layers: the merged LoRA update of a layer is small next to the base's 4-bit step
 (after a few rounds |B A scale| is a fraction of ``d``), so re-quantising a merged layer
 at 4 bits rounds much of the fine-tuning away. Measured on SmolLM2 after 3 LoRA steps
 (1,016 held-out positions): all layers 4-bit -> INT4 top-1 agreement with the fp32 merged
-model 0.858, perplexity ratio 1.154; INT8 0.944 / 1.027. So in the ``int4`` scheme the
-layers the adapters changed (``q_proj``/``v_proj``, fused as ``qkv_proj`` in the export)
-stay 8-bit asymmetric (``eight_bit``): +8 MB for SmolLM2, and the other layers keep
-the base's Q4_1 blocks exactly.
+model 0.858, perplexity ratio 1.154; INT8 0.944 / 1.027. Release v1 kept the adapted
+layers (``q_proj``/``v_proj``, fused as ``qkv_proj`` in the export) 8-bit (``eight_bit``).
+Since v2 the release build hands over the adapters' low-rank terms instead (``low_rank``):
+an adapted layer's *base* weight -- the merged weight minus ``A @ B``, i.e. the base's own
+Q4_1 blocks -- is quantised like any other layer, and ``x @ A @ B`` joins the block-minimum
+correction, whose two MatMuls then carry ``[S | A]`` and ``[M' ; B]``: the base exact at 4
+bits, the fine-tuning exact in float32, no extra node (measured in ``bench/llm_quant.md``).
 
 Activations: ``accuracy_level = 4`` -- onnxruntime quantises each row's activations per
 block of 32 to int8 at run time (MatMulNBits spec, com.microsoft). The scale of a block
 depends only on that row, so a row's answer never depends on other rows of the batch;
-integer products are exact on every CPU (4/8-bit weights times int8: at most
-2 * 255 * 128 = 65,280 in a pair, and onnxruntime's AVX2 path widens before it adds --
-checked at the range extremes by ``tests/test_llm_quantize.py`` on the CPU that runs the
-tests). What differs between CPUs is float32 rounding of the scales and sums; because a
+integer products are exact on every CPU (centred weights times int8: at most
+2 * 8 * 127 in a pair at 4 bits, 2 * 128 * 127 = 32,512 at 8 bits, at the int16 edge an
+AVX2 kernel without VNNI must widen past -- checked at the range ends by
+``tests/platform/llm/test_quantize.py`` on the CPU that runs the tests). What differs
+between CPUs (AVX-512 VNNI or AVX2) is float32 rounding of the scales and sums; because a
 rounding difference can move an activation across an int8 rounding boundary, logits can
 differ by up to a few tenths (measured: prefill vs token-by-token decode of the same text
 on one CPU, max |Δlogit| 2.8, top-1 agreement 0.92 -- the release canary's tolerances are
@@ -84,17 +95,17 @@ log = logging.getLogger(__name__)
 BLOCK = 32
 ACCURACY_LEVEL = 4
 SCHEMES = {
-    "int4": {"name": "sealfl.llm-q4_1/v1", "body_bits": 4, "head_bits": 8, "block_size": BLOCK,
+    "int4": {"name": "sealfl.llm-q4_1/v2", "body_bits": 4, "head_bits": 8, "block_size": BLOCK,
              "accuracy_level": ACCURACY_LEVEL,
-             "body": "4-bit asymmetric per block of 32 (w = d*q + m, q in 0..15; Q4_1 form): MatMulNBits "
-                     "(zero point 0) + block-sum x block-minimum MatMul",
+             "body": "4-bit asymmetric per block of 32 (w = d*q + m, q in 0..15; Q4_1 form), centred: "
+                     "MatMulNBits (q - 8, default zero point) + block-sum x (m + 8d) MatMul",
              "head": "tied lm_head and embedding 8-bit symmetric per block of 32 (Q8_0 form): MatMulNBits bits=8, "
                      "GatherBlockQuantized",
              "activations": "int8 per row and block of 32 at run time (accuracy_level 4)"},
-    "int8": {"name": "sealfl.llm-q8_1/v1", "body_bits": 8, "head_bits": 8, "block_size": BLOCK,
+    "int8": {"name": "sealfl.llm-q8_1/v2", "body_bits": 8, "head_bits": 8, "block_size": BLOCK,
              "accuracy_level": ACCURACY_LEVEL,
-             "body": "8-bit asymmetric per block of 32 (w = d*q + m, q in 0..255): MatMulNBits (zero point 0) + "
-                     "block-sum x block-minimum MatMul",
+             "body": "8-bit asymmetric per block of 32 (w = d*q + m, q in 0..255), centred: MatMulNBits (q - 128, "
+                     "default zero point) + block-sum x (m + 128d) MatMul",
              "head": "tied lm_head and embedding 8-bit symmetric per block of 32 (Q8_0 form)",
              "activations": "int8 per row and block of 32 at run time (accuracy_level 4)"},
 }
@@ -174,25 +185,49 @@ def pack_nibbles(q: np.ndarray) -> np.ndarray:
     return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
 
 
-def _nbits_node(helper, numpy_helper, prefix, x, out, w, bits, acc, inits, nodes):
-    """Nodes for ``out = x @ w`` with ``w`` (K, N) in the asymmetric block form."""
+def _nbits_node(helper, numpy_helper, prefix, x, out, w, bits, acc, inits, nodes, low_rank=None, sums=None):
+    """Nodes for ``out = x @ w`` with ``w`` (K, N) in the centred asymmetric block form
+    (module docstring): MatMulNBits of ``q - 2**(bits-1)`` (its default zero point) plus the
+    block sums times ``m + 2**(bits-1) d``. With ``low_rank = (A, B)`` (float (K, R), (R, N);
+    ``w = base + A @ B``, an adapted layer) only ``base`` is quantised and ``A @ B`` rides in
+    the correction term: ``x @ [S | A] @ [M' ; B]``, the same two MatMuls. ``sums`` maps
+    ``(x, S)`` to the block sums already computed from that input (gate and up projections
+    read the same ``x``): those are reused, not computed twice."""
     k, n = w.shape
+    if low_rank is not None:
+        a, b = (np.asarray(t, dtype=np.float64) for t in low_rank)
+        if a.shape[0] != k or b.shape[1] != n or a.shape[1] != b.shape[0]:
+            raise QuantizeError(f"low-rank terms {a.shape} x {b.shape} do not fit the weight {w.shape}")
+        w = (np.asarray(w, dtype=np.float64) - a @ b).astype(np.float32)
     q, d, m = quantize_asym_blocks(w, bits)
     blob = pack_nibbles(q) if bits == 4 else q
-    zp = np.zeros(n * (((k // BLOCK) * bits + 7) // 8), dtype=np.uint8)
-    names = {s: f"{prefix}/q/{s}" for s in ("B", "scales", "zp", "min", "y", "xs", "corr")}
+    centred_min = (m + np.float32(2 ** (bits - 1)) * d).astype(np.float32)
+    names = {s: f"{prefix}/q/{s}" for s in ("B", "scales", "min", "y", "xs", "corr")}
     summer = f"sealfl/q/block_sum_{k}"
-    if not any(i.name == summer for i in inits):
+    block_sum = np.kron(np.eye(k // BLOCK, dtype=np.float32), np.ones((BLOCK, 1), np.float32))
+    corr = np.ascontiguousarray(centred_min.T)
+    if low_rank is not None:  # this layer's own [S | A] and [M' ; B]
+        summer = f"{prefix}/q/block_sum_lora"
+        inits.append(numpy_helper.from_array(np.concatenate([block_sum, a.astype(np.float32)], axis=1), summer))
+        corr = np.concatenate([corr, b.astype(np.float32)], axis=0)
+    elif not any(i.name == summer for i in inits):
         # (K, K/32) 0/1 matrix: x @ S sums x over each block of 32 (rank-agnostic, unlike a Reshape)
-        inits.append(numpy_helper.from_array(np.kron(np.eye(k // BLOCK, dtype=np.float32),
-                                                     np.ones((BLOCK, 1), np.float32)), summer))
+        inits.append(numpy_helper.from_array(block_sum, summer))
     inits += [numpy_helper.from_array(blob, names["B"]), numpy_helper.from_array(d.reshape(-1), names["scales"]),
-              numpy_helper.from_array(zp, names["zp"]), numpy_helper.from_array(np.ascontiguousarray(m.T), names["min"])]
+              numpy_helper.from_array(corr, names["min"])]
     nodes += [
-        helper.make_node("MatMulNBits", [x, names["B"], names["scales"], names["zp"]], [names["y"]],
+        helper.make_node("MatMulNBits", [x, names["B"], names["scales"]], [names["y"]],
                          name=f"{prefix}/MatMulNBits", domain="com.microsoft", K=k, N=n, bits=bits,
                          block_size=BLOCK, accuracy_level=acc),
-        helper.make_node("MatMul", [x, summer], [names["xs"]], name=f"{prefix}/BlockSum"),
+    ]
+    shared = sums is not None and low_rank is None
+    if shared and (x, summer) in sums:
+        names["xs"] = sums[(x, summer)]
+    else:
+        nodes.append(helper.make_node("MatMul", [x, summer], [names["xs"]], name=f"{prefix}/BlockSum"))
+        if shared:
+            sums[(x, summer)] = names["xs"]
+    nodes += [
         helper.make_node("MatMul", [names["xs"], names["min"]], [names["corr"]], name=f"{prefix}/BlockMin"),
         helper.make_node("Add", [names["y"], names["corr"]], [out], name=f"{prefix}/Add"),
     ]
@@ -214,7 +249,8 @@ def _check_wiring(graph, scheme: str) -> None:
         raise QuantizeError(f"{scheme} quantisation produced an invalid model: outputs {undefined} are not computed")
 
 
-def quantize_llm(model_bytes_or_proto, scheme: str = "int4", eight_bit: tuple[str, ...] = ()) -> bytes:
+def quantize_llm(model_bytes_or_proto, scheme: str = "int4", eight_bit: tuple[str, ...] = (),
+                 low_rank: dict | None = None) -> bytes:
     """Quantise a float32 causal-LM ONNX graph (as exported by :mod:`.export`).
 
     Every ``MatMul`` with a constant 2-D float weight is replaced (module docstring); the
@@ -226,8 +262,13 @@ def quantize_llm(model_bytes_or_proto, scheme: str = "int4", eight_bit: tuple[st
     Args:
         model_bytes_or_proto: ``onnx.ModelProto`` or its bytes (external data loaded).
         scheme: ``"int4"`` or ``"int8"`` (:data:`SCHEMES`).
-        eight_bit: node-name fragments of layers kept at 8 bits in any scheme -- the
-            layers the adapters changed (see "Adapted layers" in the module docstring).
+        eight_bit: node-name fragments of layers kept at 8 bits in any scheme (the
+            adapted layers when their low-rank terms are not given).
+        low_rank: ``{MatMul node name: (A float (K, R), B float (R, N))}`` -- the layers the
+            adapters changed, ``W = base + A @ B`` (``merged_low_rank`` of :mod:`.build`):
+            ``base`` is quantised in the scheme's form (the base model's own blocks) and
+            ``A @ B`` is computed exactly in float32 beside it ("Adapted layers" in the
+            module docstring).
 
     Returns:
         the serialised quantised model (one file, no external data).
@@ -253,6 +294,7 @@ def quantize_llm(model_bytes_or_proto, scheme: str = "int4", eight_bit: tuple[st
     outputs = {o.name for o in graph.output}
     new_inits: list = []
     nodes: list = []
+    sums: dict = {}  # (input, S) -> its block sums (_nbits_node)
     head = None
     for node in graph.node:
         w_init = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
@@ -272,10 +314,11 @@ def quantize_llm(model_bytes_or_proto, scheme: str = "int4", eight_bit: tuple[st
                                           block_size=BLOCK, accuracy_level=cfg["accuracy_level"]))
             head = (node.input[1], q, d, names)
             continue
-        bits = 8 if any(f in prefix for f in eight_bit) else cfg["body_bits"]
+        terms = (low_rank or {}).get(node.name)
+        bits = 8 if terms is None and any(f in prefix for f in eight_bit) else cfg["body_bits"]
         try:
             _nbits_node(helper, numpy_helper, prefix, node.input[0], node.output[0], w, bits,
-                        cfg["accuracy_level"], new_inits, nodes)
+                        cfg["accuracy_level"], new_inits, nodes, terms, sums)
         except QuantizeError as exc:
             raise QuantizeError(f"node {prefix}: {exc}") from exc
     if head is None:

@@ -101,3 +101,86 @@ def test_kind_a_graph_that_cannot_share_its_buffer_is_decoded_plain():
     # by hand: each call adds the mean embedding of every cached position (prefill: both)
     want = [(e[t] + e[ids[:n]].mean(0)) @ w for t, n in zip(ids, (2, 2, 3, 4))]
     np.testing.assert_allclose(got, np.array(want), rtol=1e-5, atol=1e-6)
+
+
+def _reference_choice(logits, temperature, top_p, rng):
+    """The token choice as written before the nucleus shortcut: softmax in float64, the
+    full stable sort for the nucleus, numpy's choice -- the oracle."""
+    x = np.asarray(logits, dtype=np.float64)
+    p = np.exp((x - x.max()) / temperature)
+    p /= p.sum()
+    if top_p < 1:
+        order = np.argsort(-p, kind="stable")
+        keep = order[: int(np.searchsorted(np.cumsum(p[order]), top_p)) + 1]
+        q = np.zeros_like(p)
+        q[keep] = p[keep]
+        p = q / q.sum()
+    return int(rng.choice(p.size, p=p))
+
+
+def test_kind_the_nucleus_shortcut_picks_what_the_full_sort_picks():
+    """Peaked, flat and tied rows (rounded logits), many temperatures and top-p: the same
+    nucleus as the full stable sort, and the same sampled token for the same seed as
+    numpy's Generator.choice over the whole renormalised row (with top-p 1 too)."""
+    from sealfl.enclave.sandbox.decode import SamplingParams, _nucleus, choose_token
+
+    for i in range(600):
+        r = np.random.default_rng(i)
+        x = (r.standard_normal(int(r.integers(8, 5000))) * r.uniform(0.1, 5)).astype(np.float32)
+        if i % 3 == 0:
+            x[r.integers(0, x.size, 5)] += 12
+        if i % 5 == 0:
+            x = np.round(x)
+        t, top_p = float(r.uniform(0.05, 2)), float(r.uniform(0.05, 0.999))
+        p = np.exp((x.astype(np.float64) - x.max()) / t)
+        p /= p.sum()
+        order = np.argsort(-p, kind="stable")
+        want = order[: int(np.searchsorted(np.cumsum(p[order]), top_p)) + 1]
+        assert np.array_equal(_nucleus(p, top_p), want), i
+        for p_cut in (top_p, 1.0):  # with a nucleus, and sampling from the whole softmax
+            params = SamplingParams(temperature=t, top_p=p_cut, seed=i)
+            assert choose_token(x, params, np.random.default_rng(i)) == _reference_choice(
+                x, t, p_cut, np.random.default_rng(i)), (i, p_cut)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_kind_logits_that_are_not_finite_are_refused(bad):
+    from sealfl.enclave.sandbox.decode import SamplingParams, choose_token
+
+    x = np.zeros(1000, np.float32)
+    x[517] = bad
+    for params in (SamplingParams(), SamplingParams(temperature=0.8, top_p=0.9)):
+        with pytest.raises(ValueError, match="not finite"):
+            choose_token(x, params, np.random.default_rng(0))
+
+
+_KV_PROBE = """
+import numpy as np
+from sealfl.enclave.sandbox.decode import _lazy_zeros
+def rss_kib():
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
+junk = [bytearray(24 << 20) for _ in range(3)]  # freed big blocks raise malloc's mmap threshold
+del junk
+before = rss_kib()
+kv = _lazy_zeros(60, (1, 3, 2048, 64))
+assert kv.shape == (60, 1, 3, 2048, 64) and not kv.any()
+kv[:, 0, :, :200, :] = 1.0  # 200 positions of every head
+print(rss_kib() - before)
+"""
+
+
+def test_kind_kv_buffers_are_resident_only_where_written():
+    """The shared KV buffers (SmolLM2's shape: 60 of (1, 3, 2048, 64) float32, 94 MB) cost
+    resident memory only for the positions written -- in the child's malloc settings
+    (huge pages) and after large heap blocks were freed, where numpy.zeros made all 94 MB
+    resident at once (90 MiB measured)."""
+    import os
+    import subprocess
+    import sys
+
+    from sealfl.enclave.sandbox.runtime import CHILD_GLIBC_TUNABLES
+
+    env = {**os.environ, "GLIBC_TUNABLES": CHILD_GLIBC_TUNABLES}
+    out = subprocess.run([sys.executable, "-c", _KV_PROBE], env=env, capture_output=True, text=True, check=True)
+    assert int(out.stdout.split()[-1]) < 20 * 1024, "KV buffers became resident beyond the written positions"

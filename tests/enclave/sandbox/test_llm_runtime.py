@@ -199,3 +199,38 @@ def test_kind_a_callback_that_raises_ends_the_stream_and_the_next_request_is_una
     with pytest.raises(KeyError):
         rt.generate(ids, SamplingParams(max_tokens=40), on_text=boom)
     assert rt.alive and rt.generate(ids, greedy).token_ids == want
+
+
+def test_kind_the_model_crosses_on_its_own_pipe_never_as_a_blob(monkeypatch):
+    """init names the model pipe and carries no blob (the child never holds the model as a
+    bytes object; onnxruntime reads the pipe as a file), and the model it loads is the one
+    written: its logits equal a direct onnxruntime decode's (test above)."""
+    from sealfl.enclave.sandbox import runtime as runtime_module
+
+    sent = []
+    real = runtime_module.SandboxedRuntime._request
+
+    def spy(self, header, blobs, timeout):
+        sent.append((dict(header), len(blobs)))
+        return real(self, header, blobs, timeout)
+
+    monkeypatch.setattr(runtime_module.SandboxedRuntime, "_request", spy)
+    model = tiny_fp32_onnx()
+    with LLMRuntime(model, tokenizer_json(), SMOL_TEMPLATE, GEN, timeout_s=120, intra_op_threads=1) as r:
+        assert r.generate(encode(TEXTS[0]), SamplingParams(max_tokens=3)).completion_tokens == 3
+    init = [(h, n) for h, n in sent if h.get("op") == "init"]
+    assert init == [({"op": "init", "model_pipe": len(model)}, 0)]
+
+
+def test_kind_a_model_that_does_not_parse_is_refused_promptly():
+    """A corrupt model: the child's onnxruntime fails mid-pipe, replies, exits; the writer
+    sees the closed pipe -- the refusal comes at once, not after the start timeout."""
+    import time
+
+    from sealfl.enclave.errors import RuntimeSandboxError
+
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeSandboxError, match="could not load the model"):
+        LLMRuntime(b"\x08\x07" + b"\xff" * (4 << 20), tokenizer_json(), SMOL_TEMPLATE, GEN, start_timeout_s=100,
+                   intra_op_threads=1)
+    assert time.monotonic() - t0 < 60

@@ -93,10 +93,13 @@ def test_kind_onnxruntime_computes_the_quantised_form(scheme):
     np.testing.assert_allclose(rows, h, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("default_zp", [False, True])
 @pytest.mark.parametrize("bits", [4, 8])
-def test_kind_integer_kernels_do_not_saturate_at_the_range_ends(bits):
+def test_kind_integer_kernels_do_not_saturate_at_the_range_ends(bits, default_zp):
     """Weights at both ends of their range times activations at +-max: the pairwise sums an
-    AVX2 (no VNNI) kernel forms would overflow int16 if it did not widen. Exact integers."""
+    AVX2 (no VNNI) kernel forms would overflow int16 if it did not widen. Exact integers --
+    with the zero point given, and left to its default (2^(bits-1), the centred form the
+    release graph uses since v2: onnxruntime may take another kernel path for it)."""
     k, n = 64, 4
     qmax = 2**bits - 1
     for fill in (0, qmax):
@@ -106,13 +109,13 @@ def test_kind_integer_kernels_do_not_saturate_at_the_range_ends(bits):
         zp = np.full((n, k // BLOCK), zp_val, np.uint8)
         if bits == 4:
             zp = (zp[:, 0::2] | (zp[:, 1::2] << 4)).astype(np.uint8)
-        node = helper.make_node("MatMulNBits", ["A", "B", "S", "Z"], ["Y"], domain="com.microsoft", K=k, N=n,
-                                bits=bits, block_size=BLOCK, accuracy_level=4)
+        node = helper.make_node("MatMulNBits", ["A", "B", "S"] + ([] if default_zp else ["Z"]), ["Y"],
+                                domain="com.microsoft", K=k, N=n, bits=bits, block_size=BLOCK, accuracy_level=4)
         g = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["m", k])],
                               [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["m", n])],
                               [numpy_helper.from_array(blob, "B"),
-                               numpy_helper.from_array(np.ones(n * k // BLOCK, np.float32), "S"),
-                               numpy_helper.from_array(zp.reshape(-1), "Z")])
+                               numpy_helper.from_array(np.ones(n * k // BLOCK, np.float32), "S")]
+                              + ([] if default_zp else [numpy_helper.from_array(zp.reshape(-1), "Z")]))
         m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
         sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
         a = np.array([[127.0] * k, [-127.0] * k, [127.0, -127.0] * (k // 2)], np.float32)
@@ -169,3 +172,76 @@ def test_kind_last_position_logits_equal_the_last_row_of_all_positions(scheme):
         np.testing.assert_allclose(one_row[0], ref[len(ids) - 2], atol=1e-4)
     np.testing.assert_allclose(last.feed(ids[-1:], last_only=True)[0], full.feed(ids[-1:])[0],
                                atol=1e-4 * scale + 1e-6)
+
+
+def test_kind_an_adapted_layer_keeps_its_base_blocks_and_the_update_exact():
+    """W = (Q4_1 base) + A @ B: with the low-rank terms the graph quantises only the base
+    -- its blocks come back exactly -- and adds x @ A @ B in float32: the answer is x @ W
+    within the int8-activation error of the base alone; re-quantising W at 4 bits instead
+    loses the small update (measured against the same oracle)."""
+    from onnx import load_from_string
+
+    rng = np.random.default_rng(5)
+    base = _q4_1_weight(rng)
+    a = rng.normal(scale=0.05, size=(base.shape[0], 4)).astype(np.float32)
+    b = rng.normal(scale=0.05, size=(4, base.shape[1])).astype(np.float32)
+    w = (base.astype(np.float64) + a.astype(np.float64) @ b).astype(np.float32)
+    k, n = w.shape
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["h"], name="body/MatMul"),
+                           helper.make_node("MatMul", ["x", "H"], ["logits"], name="lm_head/MatMul"),
+                           helper.make_node("Gather", ["E", "input_ids"], ["emb"], name="embed/Gather")],
+                          "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", k]),
+                                helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["m"])],
+                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("h", "logits", "emb")],
+                          [numpy_helper.from_array(w, "W"), numpy_helper.from_array(w, "H"),
+                           numpy_helper.from_array(np.ascontiguousarray(w.T), "E")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    folded = quantize_llm(model, "int4", low_rank={"body/MatMul": (a, b)})
+    inits = {i.name: numpy_helper.to_array(i) for i in load_from_string(folded).graph.initializer}
+    q, d, m = quantize_asym_blocks(base, 4)
+    assert np.array_equal(inits["body/MatMul/q/B"], (q[..., 0::2] | (q[..., 1::2] << 4)))  # the base's own blocks
+    x = rng.normal(size=(6, k)).astype(np.float32)
+    exact = x.astype(np.float64) @ w.astype(np.float64)
+    bound = np.abs(x).max() / 127 * np.abs(base).sum(axis=0).max()
+
+    def run(data):
+        s = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+        return s.run(["h"], {"x": x, "input_ids": np.array([0], np.int64)})[0]
+
+    assert np.abs(run(folded) - exact).max() <= bound
+    plain = run(quantize_llm(model, "int4"))  # W re-quantised at 4 bits: the update is mostly lost
+    assert np.abs(run(folded) - exact).mean() < np.abs(plain - exact).mean() / 2
+    with pytest.raises(QuantizeError, match="do not fit"):
+        quantize_llm(model, "int4", low_rank={"body/MatMul": (a[:-1], b)})
+
+
+def test_kind_the_build_maps_every_adapter_onto_its_exported_columns():
+    """adapter_low_rank on the tiny model: every adapted module lands on a MatMul node whose
+    columns equal the merged weight (checked inside), and A @ B equals the merged minus the
+    un-merged weight of each module, in the export's x @ W layout."""
+    from sealfl.clients.causal_lm.lora import LoraSpec, n_adapter_params
+    from sealfl.clients.causal_lm.merge import merge_adapters
+    from sealfl.platform.llm.build import adapter_low_rank
+    from sealfl.platform.llm.export import export_fp32
+
+    spec = LoraSpec(r=4, alpha=8)
+    bundle = tiny_bundle()
+    before = {n: p.detach().numpy().copy() for n, p in bundle.model.named_parameters()}
+    vec = np.random.default_rng(0).normal(scale=0.05, size=n_adapter_params(bundle.model, spec))
+    merged = merge_adapters(bundle.model, spec, vec)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as work:
+        proto = export_fp32(merged, bundle.tokenizer_json, bundle.chat_template, bundle.generation, work)
+    terms = adapter_low_rank(merged, spec, vec, proto)
+    layers = merged.config.num_hidden_layers
+    assert sorted(terms) == [f"/model/layers.{i}/attn/qkv_proj/MatMul" for i in range(layers)]
+    nq = merged.config.num_attention_heads * HEAD_DIM
+    nk = merged.config.num_key_value_heads * HEAD_DIM
+    for i in range(layers):
+        a, b = terms[f"/model/layers.{i}/attn/qkv_proj/MatMul"]
+        delta = a.astype(np.float64) @ b
+        for proj, col, width in (("q_proj", 0, nq), ("k_proj", nq, nk), ("v_proj", nq + nk, nk)):
+            name = f"model.layers.{i}.self_attn.{proj}.weight"
+            want = dict(merged.named_parameters())[name].detach().numpy().T - before[name].T
+            np.testing.assert_allclose(delta[:, col:col + width], want, atol=2e-6)

@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
 import queue
 import signal
 import socket
@@ -55,6 +54,7 @@ from sealfl.enclave.device.serve.openai_api import DEFAULT_LIMITS, APILimits
 from sealfl.enclave.device.serve.state import ReleaseInfo, ServeState
 from sealfl.enclave.errors import BootError, ServeOptionsError
 from sealfl.enclave.sandbox.child import trim_heap
+from sealfl.enclave.sandbox.threads import choose_threads
 
 __all__ = ["ServeOptions", "run_server", "EXIT_REFUSED"]
 
@@ -77,7 +77,8 @@ class ServeOptions:
         variant: model variant (default: the release's default).
         port_file: where to write the bound port (atomically), or None.
         limits: request caps (:class:`~sealfl.enclave.device.serve.openai_api.APILimits`).
-        threads: onnxruntime intra-op threads per slot (None: cores / slots, at least 1).
+        threads: onnxruntime intra-op threads per slot (None: the cores really free, split over
+            the slots: :func:`sealfl.enclave.sandbox.threads.choose_threads`).
         timeout_s: longest wait for one token from a child, seconds.
         key_source: key source for a release encrypted at rest
             (:func:`sealfl.enclave.device.kbs_client.broker_key_source`), or None.
@@ -175,7 +176,7 @@ def _trimmed(release, spec):
 
 def _runtime_options(opts: ServeOptions) -> dict[str, Any]:
     return {"die_with_parent": True, "timeout_s": opts.timeout_s,
-            "intra_op_threads": opts.threads or max(1, (os.cpu_count() or 1) // opts.max_concurrent)}
+            "intra_op_threads": choose_threads(opts.max_concurrent, opts.threads)}
 
 
 def _boot(trust: Path, release_dir: Path, state_dir: Path, opts: ServeOptions, state: ServeState,
