@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import weakref
 from functools import lru_cache
 
 from Crypto.Hash import SHA256
@@ -256,6 +257,24 @@ def _openssl_public(point: bytes):
                                          ec.SECP256R1()).public_key()
 
 
+#: id(key) -> (weak reference to the key, its uncompressed point): pycryptodome converts the
+#: point to affine coordinates (a field inversion, ~0.2 ms) on every ``pointQ.xy``
+_POINTS: dict[int, tuple[weakref.ref, bytes]] = {}
+
+
+def _point_bytes(key: ECC.EccKey) -> bytes:
+    """``04 || x || y`` of ``key``'s public point (kept per live key object)."""
+    hit = _POINTS.get(id(key))
+    if hit is not None and hit[0]() is key:
+        return hit[1]
+    x, y = key.pointQ.xy
+    point = b"\x04" + int(x).to_bytes(_SCALAR_BYTES, "big") + int(y).to_bytes(_SCALAR_BYTES, "big")
+    if len(_POINTS) >= 4096:
+        _POINTS.clear()
+    _POINTS[id(key)] = (weakref.ref(key), point)
+    return point
+
+
 def sign(private_key: ECC.EccKey, data: bytes) -> bytes:
     """Sign ``data`` with ECDSA P-256 / SHA-256; return the canonical (minimal DER, low-S)
     signature (~70-72 bytes).
@@ -288,10 +307,8 @@ def verify(public_key: ECC.EccKey, data: bytes, signature: bytes) -> bool:
     openssl = _openssl_for(public_key)
     if openssl is not None:
         _, hashes, invalid = openssl
-        x, y = public_key.pointQ.xy  # one conversion to affine coordinates (.x and .y would make two)
-        point = b"\x04" + int(x).to_bytes(_SCALAR_BYTES, "big") + int(y).to_bytes(_SCALAR_BYTES, "big")
         try:
-            _openssl_public(point).verify(bytes(signature), bytes(data), openssl[0].ECDSA(hashes.SHA256()))
+            _openssl_public(_point_bytes(public_key)).verify(bytes(signature), bytes(data), openssl[0].ECDSA(hashes.SHA256()))
             return True
         except (invalid, ValueError, TypeError):
             return False

@@ -120,9 +120,12 @@ def _record_digest(record: ArrayRecord, kit: PartnerKit, task, opt: ServerOpt) -
     h = hashlib.sha256(b"sealfl-global\0" + kit.codec.context_id + task.name.encode() + b"\0"
                        + json.dumps(opt.to_config(), sort_keys=True).encode() + b"\0")
     for key in sorted(record.keys()):
-        arr = np.ascontiguousarray(record[key].numpy())
-        h.update(f"{key}|{arr.dtype.str}|{arr.shape}|".encode())
-        h.update(arr.tobytes())
+        # the array's serialised bytes (what ``.numpy()`` deserialises, deterministically),
+        # hashed as they are: deserialising every array just to hash it cost more than the hash
+        arr = record[key]
+        data = bytes(arr.data)
+        h.update(f"{key}|{arr.stype}|{arr.dtype}|{tuple(arr.shape)}|{len(data)}|".encode())
+        h.update(data)
     return h.digest()
 
 

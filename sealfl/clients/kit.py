@@ -177,7 +177,7 @@ def _secret_file(d: Path) -> tuple[str, bytes]:
 def _inputs_digest(d: Path, key_file: Path, key_bytes: bytes, meta_bytes: bytes, wrapped: bytes) -> bytes:
     """SHA-256 over everything a loaded kit is made from (:func:`cached_kit`'s key)."""
     h = hashlib.sha256(b"sealfl-kit\0")
-    for part in (str(d.resolve()).encode(), str(key_file).encode(), key_bytes, meta_bytes, wrapped):
+    for part in (str(d).encode(), str(key_file).encode(), key_bytes, meta_bytes, wrapped):
         h.update(len(part).to_bytes(8, "big") + part)
     return h.digest()
 
