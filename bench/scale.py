@@ -13,14 +13,25 @@
    partner updates checked and added per second -- in-process (:class:`RunningSum`, one
    core), and sharded by chunk range as Ray tasks (:mod:`sealfl.server.sharded`) on a
    1-node and on a 2-node token-protected loopback cluster (``ray.cluster_utils.Cluster``).
-   On this 2-core box the two nodes share the same 2 cores as the one node: the 2-node
-   figure shows the cost of spreading, not a second machine's gain.
+   **Node model: a node is one core.** 1 node = one Ray node with 1 CPU, summed in 1 shard;
+   2 nodes = two Ray nodes with 1 CPU each, 2 shards (``SPREAD``: one per node). Each
+   node's processes -- its raylet (with its object store), the head's GCS and every worker
+   the raylet starts, all their threads -- are pinned to that node's own core
+   (``os.sched_setaffinity`` on every thread in ``/proc/PID/task``, again after the warm-up
+   so the workers it started are pinned too; workers started later inherit the raylet's
+   affinity). The driver (this process: it packs the replies' chunks and puts them into the
+   object store once, :class:`sealfl.server.sharded.RangeChunks`) stays on the first core
+   with the head node, as the coordinator's process would on the head machine; so does the
+   in-process figure. Without the pinning, both cases would use both cores of this box and
+   the comparison could never show a second node's gain. Other work on the box is not
+   pinned: a shared box slows either core unevenly (the load average is recorded).
 3. **Projection** of a 1,000-partner LoRA round's sum on a 32-core cluster, from the
-   measured one-core rate ``r1`` (updates/s) and the measured 2-shard efficiency
-   ``e = rate_1node / (2 * r1)``: ``T = 1000 / (32 * r1 * e)`` seconds (transfers of the
-   ~1.9 MB replies to the shards are inside ``e`` only as far as one box shows them).
+   measured one-core rate ``r1`` (updates/s, in-process) and the measured 2-node
+   efficiency ``e = rate_2nodes / (2 * r1)``: ``T = 1000 / (32 * r1 * e)`` seconds
+   (transfers of the ~1.9 MB replies between nodes are inside ``e`` only as far as two
+   loopback nodes show them).
 
-Each sum is timed best of two after a warm-up run (worker start, codec load).
+Each sum is timed best of three after a warm-up run (worker start, codec load).
 
 Run: ``.venv/bin/python bench/scale.py [--partners 4,64,256,1024]``. Writes
 ``bench/results/scale.json``. The machine may be shared: figures are of one run (its load average is recorded).
@@ -141,13 +152,39 @@ def cluster(nodes: int, cpus_per_node: int):
             ray.shutdown()
 
 
+def _node_pids(node) -> set[int]:
+    """Every process of one ``ray._private.node.Node`` of a ``Cluster``: what it started
+    (raylet, and on the head GCS and monitors) and all their descendants (Ray's workers)."""
+    import psutil
+
+    pids = {info.process.pid for infos in node.all_processes.values() for info in infos
+            if getattr(info, "process", None) is not None}
+    for pid in list(pids):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            pids |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
+    return pids
+
+
+def pin_nodes(c, cores: list[int]) -> dict[int, int]:
+    """Pin node ``i`` of cluster ``c`` (head first) -- every thread of every process of it --
+    to ``cores[i % len(cores)]``. Returns ``{pid: core}``. The node model of the module docstring."""
+    pinned = {}
+    for i, node in enumerate([c.head_node, *c.worker_nodes]):
+        core = cores[i % len(cores)]
+        for pid in _node_pids(node):
+            with contextlib.suppress(OSError):
+                for tid in os.listdir(f"/proc/{pid}/task"):
+                    with contextlib.suppress(OSError):
+                        os.sched_setaffinity(int(tid), {core})
+                pinned[pid] = core
+    return pinned
+
+
 def aggregation() -> dict:
     import numpy as np
 
     from sealfl.he.bfv import BFVCodec
     from sealfl.he.decrypted import update_share
-    from sealfl.server.aggregate import RunningSum
-    from sealfl.server.sharded import sharded_sum
 
     secret = BFVCodec.generate()
     public = BFVCodec.from_bytes(secret.public_context_bytes(), secret.params, secret.context_id)
@@ -157,8 +194,21 @@ def aggregation() -> dict:
     frames = {f"p{i}": distinct[i % DISTINCT] for i in range(AGG_PARTNERS)}
     split = {p: public.split(f, LORA)[1] for p, f in frames.items()}
 
+    cores = sorted(os.sched_getaffinity(0))
+    saved_affinity = set(cores)
+    os.sched_setaffinity(0, {cores[0]})  # the driver on the first core, with the head node (module docstring)
+    try:
+        return _aggregation(public, frames, split, cores)
+    finally:
+        os.sched_setaffinity(0, saved_affinity)
+
+
+def _aggregation(public, frames, split, cores) -> dict:
+    from sealfl.server.aggregate import RunningSum
+    from sealfl.server.sharded import sharded_sum
+
     t_local = float("inf")
-    for _ in range(2):  # best of two, like the sharded figures
+    for _ in range(3):  # best of three, like the sharded figures
         t0 = time.perf_counter()
         rs = RunningSum(public, LORA)
         for p in frames:
@@ -168,22 +218,29 @@ def aggregation() -> dict:
     out = {"values": LORA, "partners": AGG_PARTNERS, "chunks_per_update": len(split["p0"]),
            "in_process": {"seconds": t_local, "updates_per_s": AGG_PARTNERS / t_local}}
     print(f"[scale] in-process sum of {AGG_PARTNERS} LoRA updates: {t_local:.2f} s", flush=True)
-    cpus = os.cpu_count() or 2
-    for nodes, per in ((1, cpus), (2, max(1, cpus // 2))):
-        with cluster(nodes, per):
+    for nodes in (1, 2):
+        per = 1  # a node is one core (module docstring)
+        with cluster(nodes, per) as c:
             shards = nodes * per
+            pin_nodes(c, cores)
             sharded_sum(public, split, LORA, shards)  # warm: start the workers, load the codec in each
+            pinned = pin_nodes(c, cores)  # again: the workers the warm-up started
             dt = float("inf")
-            for _ in range(2):  # best of two (a shared machine)
+            for _ in range(3):  # best of three (a shared machine)
                 t0 = time.perf_counter()
                 got, accepted, _ = sharded_sum(public, split, LORA, shards)
                 dt = min(dt, time.perf_counter() - t0)
         assert got == want and len(accepted) == AGG_PARTNERS, "sharded sum differs from the running sum"
         out[f"sharded_{nodes}_node"] = {"nodes": nodes, "cpus_per_node": per, "shards": shards, "seconds": dt,
-                                        "updates_per_s": AGG_PARTNERS / dt}
-        print(f"[scale] sharded sum on {nodes} node(s) x {per} CPU, {shards} shards: {dt:.2f} s", flush=True)
+                                        "updates_per_s": AGG_PARTNERS / dt,
+                                        "cores": sorted(set(pinned.values())), "pinned_processes": len(pinned)}
+        print(f"[scale] sharded sum on {nodes} node(s) x {per} CPU (pinned to cores {sorted(set(pinned.values()))}), "
+              f"{shards} shard(s): {dt:.2f} s", flush=True)
+    out["node_model"] = ("a node is one core: 1 node = 1 Ray node with 1 CPU (1 shard), 2 nodes = 2 Ray nodes with "
+                         "1 CPU each (2 shards); each node's processes pinned to its own core, the driver on the "
+                         "first core")
     r1 = out["in_process"]["updates_per_s"]
-    e = out["sharded_1_node"]["updates_per_s"] / (min(cpus, out["sharded_1_node"]["shards"]) * r1)
+    e = out["sharded_2_node"]["updates_per_s"] / (2 * r1)
     out["two_node_over_one_node"] = out["sharded_2_node"]["updates_per_s"] / out["sharded_1_node"]["updates_per_s"]
     out["projection"] = {"partners": 1000, "cores": 32, "per_core_updates_per_s": r1, "efficiency": e,
                          "formula": "T = partners / (cores * per_core_updates_per_s * efficiency)",
@@ -247,7 +304,7 @@ def main() -> None:
               f"{(f['run_start_rss_bytes'] or 0) / 2**20:8.0f}->{(f['run_peak_rss_bytes'] or 0) / 2**20:<7.0f}")
     print(f"aggregation, {a['partners']} x {a['values']} values: in-process {a['in_process']['updates_per_s']:.2f}/s, "
           f"1 node {a['sharded_1_node']['updates_per_s']:.2f}/s, 2 nodes {a['sharded_2_node']['updates_per_s']:.2f}/s "
-          f"(2/1 = {a['two_node_over_one_node']:.2f}; both on {os.cpu_count()} cores)")
+          f"(2/1 = {a['two_node_over_one_node']:.2f}; a node is one core)")
     pr = a["projection"]
     print(f"projection: {pr['formula']} = {pr['seconds']:.1f} s for {pr['partners']} partners on {pr['cores']} cores")
     print(f"wrote {OUT}")

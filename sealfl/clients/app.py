@@ -52,7 +52,7 @@ from flwr.clientapp import ClientApp
 
 from sealfl.attestation import keys as _keys
 from sealfl.clients.errors import ClientError
-from sealfl.clients.kit import PartnerKit, kit_dir, load_kit
+from sealfl.clients.kit import PartnerKit, cached_kit, kit_dir
 from sealfl.clients.plugins import get_task
 from sealfl.common import protocol as P
 from sealfl.common.testpoints import testpoint
@@ -83,7 +83,7 @@ def _resolve(context: Context, default_dir: str | None) -> tuple[PartnerKit, str
     cfg = context.node_config
     if "kit-dir" in cfg:  # a SuperNode started with its own kit (sealfl partner start KIT)
         key = cfg.get(PARTNER_KEY_KEY)
-        kit = load_kit(str(Path(str(cfg["kit-dir"])).resolve()), str(key) if key else None)
+        kit = cached_kit(str(Path(str(cfg["kit-dir"])).resolve()), str(key) if key else None)
         return kit, kit.partner
     run_cfg = getattr(context, "run_config", None) or {}
     cdir = str(cfg.get("consortium-dir", default_dir or run_cfg.get("consortium-dir", "") or ""))
@@ -98,7 +98,7 @@ def _resolve(context: Context, default_dir: str | None) -> tuple[PartnerKit, str
         if not 0 <= pid < len(partners):
             raise ClientError(f"partition-id {pid} but the consortium has {len(partners)} partners")
         name = partners[pid]
-    return load_kit(str(kit_dir(cdir, name))), name
+    return cached_kit(str(kit_dir(cdir, name))), name
 
 
 def _global_int(record: ArrayRecord, key: str) -> int:
@@ -120,9 +120,12 @@ def _record_digest(record: ArrayRecord, kit: PartnerKit, task, opt: ServerOpt) -
     h = hashlib.sha256(b"sealfl-global\0" + kit.codec.context_id + task.name.encode() + b"\0"
                        + json.dumps(opt.to_config(), sort_keys=True).encode() + b"\0")
     for key in sorted(record.keys()):
-        arr = np.ascontiguousarray(record[key].numpy())
-        h.update(f"{key}|{arr.dtype.str}|{arr.shape}|".encode())
-        h.update(arr.tobytes())
+        # the array's serialised bytes (what ``.numpy()`` deserialises, deterministically),
+        # hashed as they are: deserialising every array just to hash it cost more than the hash
+        arr = record[key]
+        data = bytes(arr.data)
+        h.update(f"{key}|{arr.stype}|{arr.dtype}|{tuple(arr.shape)}|{len(data)}|".encode())
+        h.update(data)
     return h.digest()
 
 

@@ -23,8 +23,10 @@ Kits of sealfl 0.1 are read too, for one release: ``"ckks"`` for ``"he"`` and
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -96,12 +98,19 @@ def load_partner_key(path: str | Path) -> ECC.EccKey:
 
     Raises KitError if it is missing, larger than 16 KiB, not a key, a public key only,
     or not on P-256."""
-    p = Path(path)
+    return _partner_key(Path(path), _read_key_file(Path(path)))
+
+
+def _read_key_file(p: Path) -> bytes:
     try:
-        data = read_capped(p, _MAX_KEY_FILE)
+        return read_capped(p, _MAX_KEY_FILE)
     except OSError as exc:
         raise KitError(f"cannot read the partner key {p}: {exc.strerror or exc}; give the partner_key.pem "
                        "'sealfl partner keygen' wrote on this machine") from exc
+
+
+def _partner_key(p: Path, data: bytes) -> ECC.EccKey:
+    """:func:`load_partner_key` on the bytes ``data`` already read from ``p``."""
     if len(data) > _MAX_KEY_FILE:
         raise KitError(f"{p} is larger than {_MAX_KEY_FILE} bytes; it is not a partner key")
     try:
@@ -115,13 +124,15 @@ def load_partner_key(path: str | Path) -> ECC.EccKey:
     return key
 
 
-def _find_key(d: Path, key_path: str | Path | None) -> ECC.EccKey:
+def _key_file(d: Path, key_path: str | Path | None) -> Path:
+    """Where the partner's private key is: ``key_path``, else the kit's own ``partner_key.pem``.
+    Raises KitError if neither is given nor present."""
     if key_path is not None:
-        return load_partner_key(key_path)
+        return Path(key_path)
     if not (d / PARTNER_KEY_FILE).exists():
         raise KitError(f"startup kit {d} holds no {PARTNER_KEY_FILE}: it was made from your public key; give your "
                        f"private key with --key PRIV.pem (what 'sealfl partner keygen' wrote) or copy it into the kit")
-    return load_partner_key(d / PARTNER_KEY_FILE)
+    return d / PARTNER_KEY_FILE
 
 
 def unwrap_supernode_key(path: str | Path, key: ECC.EccKey) -> Path | None:
@@ -153,14 +164,35 @@ def load_kit(path: str, key_path: str | None = None) -> PartnerKit:
     Raises KitError naming the missing/unreadable file, or if the secret does not unwrap
     with the partner's private key.
     """
-    d = Path(path)
+    return _load_kit(Path(path), key_path, codecs.from_bytes)[0]
+
+
+def _secret_file(d: Path) -> tuple[str, bytes]:
+    """(file name, wrapping label) of the kit's wrapped HE secret (sealfl 0.1's name if only it is there)."""
+    if not (d / HE_SECRET_FILE).exists() and (d / _OLD_SECRET[0]).exists():
+        return _OLD_SECRET
+    return HE_SECRET_FILE, HE_SECRET_LABEL
+
+
+def _inputs_digest(d: Path, key_file: Path, key_bytes: bytes, meta_bytes: bytes, wrapped: bytes) -> bytes:
+    """SHA-256 over everything a loaded kit is made from (:func:`cached_kit`'s key)."""
+    h = hashlib.sha256(b"sealfl-kit\0")
+    for part in (str(d).encode(), str(key_file).encode(), key_bytes, meta_bytes, wrapped):
+        h.update(len(part).to_bytes(8, "big") + part)
+    return h.digest()
+
+
+def _load_kit(d: Path, key_path: str | None, load_codec) -> tuple[PartnerKit, bytes]:
+    """:func:`load_kit` with the codec made by ``load_codec(secret, params, context_id)``;
+    returns the kit and :func:`_inputs_digest` of the bytes it was made from."""
     _check_kit_dir(d)
-    key = _find_key(d, key_path)
+    key_file = _key_file(d, key_path)
+    key_bytes = _read_key_file(key_file)
+    key = _partner_key(key_file, key_bytes)
     try:
-        meta = json.loads((d / "kit.json").read_text())
-        secret_file, label = HE_SECRET_FILE, HE_SECRET_LABEL
-        if not (d / secret_file).exists() and (d / _OLD_SECRET[0]).exists():
-            secret_file, label = _OLD_SECRET
+        meta_bytes = (d / "kit.json").read_bytes()
+        meta = json.loads(meta_bytes)
+        secret_file, label = _secret_file(d)
         wrapped = (d / secret_file).read_bytes()
     except FileNotFoundError as exc:
         raise KitError(f"startup kit {d} is incomplete: {exc.filename} is missing; re-issue the kit") from exc
@@ -175,10 +207,51 @@ def load_kit(path: str, key_path: str | None = None) -> PartnerKit:
         raise KitError(f"startup kit {d}: {exc} (is this partner's own private key the one given?)") from exc
     try:
         params = meta.get(HE_PARAMS_KEY, meta.get(_OLD_PARAMS_KEY))
-        codec = codecs.from_bytes(secret, codecs.params_from_dict(params), bytes.fromhex(meta["context_id"]))
+        codec = load_codec(secret, codecs.params_from_dict(params), bytes.fromhex(meta["context_id"]))
     except CiphertextError as exc:
         raise KitError(f"startup kit {d}: {exc}") from exc
     if not codec.has_secret_key:
         raise KitError(f"startup kit {d}: the unwrapped HE context holds no secret key")
-    return PartnerKit(meta["partner"], int(meta["index"]), meta["consortium"], codec, meta.get("task", "heart-logreg"),
-                      key)
+    kit = PartnerKit(meta["partner"], int(meta["index"]), meta["consortium"], codec, meta.get("task", "heart-logreg"),
+                     key)
+    return kit, _inputs_digest(d, key_file, key_bytes, meta_bytes, wrapped)
+
+
+#: kits loaded by :func:`cached_kit` in this process: digest of their inputs -> kit
+_KITS: "OrderedDict[bytes, PartnerKit]" = OrderedDict()
+#: at most this many (a kit shares its parsed HE context with the others: tens of KB each)
+KIT_CACHE_MAX = 4096
+
+
+def cached_kit(path: str, key_path: str | None = None) -> PartnerKit:
+    """:func:`load_kit`, kept per process (the ClientApp calls this for every message).
+
+    Loading a kit imports the partner's key, unwraps the HE secret (ECDH + AEAD) and parses
+    the HE context: ~15 ms on a busy core, which a simulated partner paid on every message.
+    Here the kit directory, the key file's path and the exact bytes of the key file,
+    ``kit.json`` and the wrapped secret are read on every call (~70 KB: a changed or
+    replaced file is noticed at once) and hashed together; a kit made from exactly those
+    bytes is returned, else the kit is loaded and kept (at most :data:`KIT_CACHE_MAX`,
+    least recently used dropped). A kit is only ever returned for the very bytes it was
+    made from: another partner's directory or key is another entry, never a hit. The HE
+    context is parsed once per distinct secret (:func:`sealfl.he.codecs.from_bytes_shared`:
+    every kit of a consortium wraps the same one). Failures are not kept.
+
+    Raises:
+        KitError: as :func:`load_kit`.
+    """
+    d = Path(path)
+    try:
+        key_file = _key_file(d, key_path)
+        digest = _inputs_digest(d, key_file, read_capped(key_file, _MAX_KEY_FILE), (d / "kit.json").read_bytes(),
+                                (d / _secret_file(d)[0]).read_bytes())
+    except (OSError, KitError):
+        digest = None  # _load_kit below names the problem
+    if digest is not None and digest in _KITS:
+        _KITS.move_to_end(digest)
+        return _KITS[digest]
+    kit, digest = _load_kit(d, key_path, codecs.from_bytes_shared)
+    _KITS[digest] = kit
+    while len(_KITS) > KIT_CACHE_MAX:
+        _KITS.popitem(last=False)
+    return kit

@@ -7,6 +7,9 @@ here; the release enclave's key holder refuses the plaintext baseline."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections import OrderedDict
 from typing import Union
 
 from sealfl.he.bfv import BFVCodec, BFVParams
@@ -15,7 +18,7 @@ from sealfl.he.errors import CiphertextError
 from sealfl.he.plain import SCHEME as PLAIN_SCHEME
 from sealfl.he.plain import PlainCodec, PlainParams
 
-__all__ = ["HE_SCHEMES", "DEFAULT_HE", "Params", "Codec", "params_from_dict", "params_for", "generate", "from_bytes"]
+__all__ = ["HE_SCHEMES", "DEFAULT_HE", "Params", "Codec", "params_from_dict", "params_for", "generate", "from_bytes", "from_bytes_shared"]
 
 Params = Union[CKKSParams, BFVParams, PlainParams]
 Codec = Union[CKKSCodec, BFVCodec, PlainCodec]
@@ -74,3 +77,38 @@ def generate(params: Params | None = None) -> Codec:
 def from_bytes(context_bytes: bytes, params: Params, ctx_id: bytes) -> Codec:
     """Load a context of ``params``' scheme. Raises CiphertextError."""
     return _codec_class(params).from_bytes(context_bytes, params, ctx_id)
+
+
+#: contexts parsed by :func:`from_bytes_shared` in this process: digest of (bytes, params, id) -> codec
+_SHARED: "OrderedDict[bytes, Codec]" = OrderedDict()
+#: how many distinct contexts :func:`from_bytes_shared` keeps (a simulation hosts one consortium's)
+SHARED_CONTEXTS_MAX = 4
+
+
+def from_bytes_shared(context_bytes: bytes, params: Params, ctx_id: bytes) -> Codec:
+    """:func:`from_bytes`, parsing each distinct context once per process.
+
+    Every partner kit of a consortium wraps the same HE secret context, and in simulation one
+    Ray actor process serves many partners: parsing that context (TenSEAL ``context_from``,
+    a few ms) for every message was a large part of a partner's work. Here the parsed
+    context is kept (at most :data:`SHARED_CONTEXTS_MAX`, least recently used dropped),
+    keyed by SHA-256 over the exact context bytes, the parameter dict and the context id,
+    so a codec is only ever built on the context those bytes describe; each call returns
+    a codec object of its own over it (``sibling()``: own evaluator, encoder and rounding
+    generator). A context that fails to load is not kept: it fails every time.
+
+    Raises:
+        CiphertextError: as :func:`from_bytes`.
+    """
+    h = hashlib.sha256(b"sealfl-shared-context\0")
+    for part in (bytes(context_bytes), json.dumps(params.to_dict(), sort_keys=True).encode(), bytes(ctx_id)):
+        h.update(len(part).to_bytes(8, "big") + part)
+    key = h.digest()
+    proto = _SHARED.get(key)
+    if proto is None:
+        proto = _SHARED[key] = from_bytes(context_bytes, params, ctx_id)
+        while len(_SHARED) > SHARED_CONTEXTS_MAX:
+            _SHARED.popitem(last=False)
+    else:
+        _SHARED.move_to_end(key)
+    return proto.sibling()

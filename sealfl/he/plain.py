@@ -94,6 +94,10 @@ class PlainCodec:
         require_opt_in()
         self.params, self.context_id, self._secret = params, ctx_id, secret
 
+    def sibling(self) -> "PlainCodec":
+        """A new codec with the same parameters, id and key status (the HE codecs' interface)."""
+        return type(self)(self.params, self.context_id, self._secret)
+
     @classmethod
     def generate(cls, params: PlainParams | None = None) -> "PlainCodec":
         return cls(params or PlainParams(), os.urandom(32), True)

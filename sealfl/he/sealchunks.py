@@ -49,6 +49,12 @@ class SealChunkCodec(FramedCodec):
 
     NTT_FORM: bool = False
 
+    def sibling(self) -> "SealChunkCodec":
+        """A new codec of the same class, parameters and context id over this one's TenSEAL
+        context (parsed once, only read afterwards): its own SEAL evaluator, encoder and I/O
+        objects. Costs a fraction of parsing the context again (:func:`sealfl.he.codecs.from_bytes_shared`)."""
+        return type(self)(self._ctx, self.params, self.context_id)
+
     def _init_seal(self, context) -> None:
         """Set up SEAL's objects for a TenSEAL ``context`` (with or without the secret key)."""
         import tenseal.sealapi as sealapi

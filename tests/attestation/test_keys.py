@@ -93,3 +93,32 @@ def test_kind_malleable_signature_encodings_are_refused():
                 _der_sig(r, 0), _der_sig(N, s)):  # out of range
         assert not keys.verify(key.public_key(), b"msg 63", bad)
         assert keys.signature_problem(bad) is not None
+
+
+@pytest.mark.parametrize("signer", ["auto", "pycryptodome"])
+def test_openssl_and_pycryptodome_arithmetic_agree(monkeypatch, signer):
+    """:func:`keys.sign`/:func:`keys.verify` do their curve arithmetic in OpenSSL when
+    ``cryptography`` is installed: signatures of either verify under both, and both refuse
+    the same bad ones (wrong data, wrong key, another signature's r, every encoding rule)."""
+    from Crypto.Hash import SHA256
+    from Crypto.Signature import DSS
+
+    assert keys._openssl_ec() is not None  # the test environment has cryptography (Flower requires it)
+    key, other = keys.generate_key(), keys.generate_key()
+    for i in range(24):
+        data = b"reply %d" % i
+        monkeypatch.setattr(keys, "ARITHMETIC", signer)
+        sig = keys.sign(key, data)
+        assert keys.signature_problem(sig) is None
+        # an independent oracle: pycryptodome's own DER verifier
+        DSS.new(key.public_key(), "fips-186-3", encoding="der").verify(SHA256.new(data), sig)
+        r, s = _rs(sig)
+        results = {}
+        for arithmetic in ("auto", "pycryptodome"):
+            monkeypatch.setattr(keys, "ARITHMETIC", arithmetic)
+            results[arithmetic] = (
+                keys.verify(key.public_key(), data, sig), keys.verify(key, data, sig),
+                keys.verify(key.public_key(), data + b"!", sig), keys.verify(other.public_key(), data, sig),
+                keys.verify(key.public_key(), data, _der_sig(r, (s + 1) % N or 1)),
+                keys.verify(key.public_key(), data, _der_sig(r, N - s)), keys.verify(key.public_key(), data, sig[:-1]))
+        assert results["auto"] == results["pycryptodome"] == (True, True, False, False, False, False, False)

@@ -14,6 +14,7 @@ from sealfl.clients import app as capp
 from sealfl.clients.heart.data import HOSPITALS, load_partitions
 from sealfl.clients.heart.stats import local_sums
 from sealfl.clients.heart.task import HeartTask
+from sealfl.clients.kit import kit_dir, load_kit
 from sealfl.common import protocol as P
 from sealfl.he.decrypted import open_stats
 from sealfl.he.errors import TooLittleNoiseError
@@ -66,7 +67,7 @@ def test_decoded_dp_aggregate_is_one_sgd_step_over_all_partners(dp_round):
     parts = load_partitions()
     n_total = sum(p.n_train for p in parts)
     agg = sum_frames(codec, frames, 15)  # 14 parameters + the count slot
-    kit = capp.load_kit(str(capp.kit_dir(str(cons.dir), HOSPITALS[0])))
+    kit = load_kit(str(kit_dir(str(cons.dir), HOSPITALS[0])))
     params, mean, std, _ = capp.decode_global_state(_record(codec, agg, n_total), kit, None, None,
                                                     capp.round_dp(_dp_cfg(4)))
     # the oracle: one full-batch gradient step of the mean BCE over all partners' rows, plain torch
@@ -86,7 +87,7 @@ def test_fewer_than_k_partners_is_refused_at_the_partner_key_holder(dp_round):
     cons, codec, frames = dp_round
     agg = sum_frames(codec, frames[:3], 15)
     n3 = sum(p.n_train for p in load_partitions()[:3])
-    kit = capp.load_kit(str(capp.kit_dir(str(cons.dir), HOSPITALS[0])))
+    kit = load_kit(str(kit_dir(str(cons.dir), HOSPITALS[0])))
     capp._DECODED.clear()
     with pytest.raises(TooLittleNoiseError, match="only 3 partners counted.*k=4.*too little noise"):
         capp.decode_global_state(_record(codec, agg, n3), kit, None, None, capp.round_dp(_dp_cfg(4)))

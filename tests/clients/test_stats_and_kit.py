@@ -7,7 +7,7 @@ import pytest
 from sealfl.clients.errors import KitError
 from sealfl.clients.heart.data import load_partitions
 from sealfl.clients.heart.stats import local_sums, mean_std
-from sealfl.clients.kit import kit_dir, load_kit
+from sealfl.clients.kit import cached_kit, kit_dir, load_kit
 from sealfl.he import codecs
 from sealfl.he.framed import WIDE
 from sealfl.platform.consortium import create_consortium
@@ -50,6 +50,43 @@ def test_kits_unwrap_with_own_key_only(tmp_path, he):
         create_consortium(tmp_path / "c", "t", ["Cleveland", "Hungary"])
     with pytest.raises(ConsortiumError, match="unknown task"):
         create_consortium(tmp_path / "d", "t", ["A", "B"], task="other")
+
+
+@pytest.mark.parametrize("he", sorted(codecs.HE_SCHEMES))
+def test_cached_kits_are_per_kit_bytes_and_share_only_the_parsed_context(tmp_path, he):
+    """The ClientApp's per-process kit cache (:func:`cached_kit`): the same kit bytes give the
+    same kit; another partner's kit is its own entry (name, signing key, codec object) over
+    the one parsed HE context they all wrap; changed files are noticed at once; a kit that
+    fails to load fails every time (nothing of it is kept)."""
+    cons, codec = create_consortium(tmp_path / "c", "t", ["Cleveland", "Hungary"], params=codecs.params_for(he))
+    a, b = kit_dir(cons.dir, "Cleveland"), kit_dir(cons.dir, "Hungary")
+    ka, kb = cached_kit(str(a)), cached_kit(str(b))
+    assert cached_kit(str(a)) is ka and cached_kit(str(b)) is kb
+    assert (ka.partner, kb.partner) == ("Cleveland", "Hungary") and ka.signing_key != kb.signing_key
+    assert ka.codec is not kb.codec and ka.codec._ctx is kb.codec._ctx  # one parse of the shared secret
+    blob = codec.encrypt(np.array([1.5, -2.0]))
+    for k in (ka, kb):
+        np.testing.assert_allclose(k.codec.decrypt(blob), [1.5, -2.0], rtol=0, atol=0 if he == "bfv" else 1e-6)
+    fresh = load_kit(str(a))
+    assert (fresh.partner, fresh.index, fresh.signing_key, fresh.codec.context_id) == \
+        (ka.partner, ka.index, ka.signing_key, ka.codec.context_id)
+    # B's key given for A's kit: a different key file is a different entry, and it does not unwrap
+    with pytest.raises(KitError, match="unwrap"):
+        cached_kit(str(a), str(b / "partner_key.pem"))
+    # a re-issued kit.json (another index) is read again, not served from the cache
+    meta = (a / "kit.json").read_text()
+    (a / "kit.json").write_text(meta.replace('"index": 0', '"index": 7'))
+    assert cached_kit(str(a)).index == 7 and cached_kit(str(a)) is not ka
+    (a / "kit.json").write_text(meta)
+    assert cached_kit(str(a)) is ka
+    # mixed-up files: refused on every call, even though A's kit loaded before
+    good = (a / "he_secret.wrapped").read_bytes()
+    (a / "he_secret.wrapped").write_bytes((b / "he_secret.wrapped").read_bytes())
+    for _ in range(2):
+        with pytest.raises(KitError, match="unwrap"):
+            cached_kit(str(a))
+    (a / "he_secret.wrapped").write_bytes(good)
+    assert cached_kit(str(a)) is ka
 
 
 def test_consortium_refuses_colliding_or_unknown_partners(tmp_path):
