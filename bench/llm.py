@@ -200,6 +200,11 @@ def load_figure(trust: Path, release: Path, clients: int, requests: int, prompt_
 
     with tempfile.TemporaryDirectory(prefix="sealfl-bench-") as tmp:
         port_file = Path(tmp) / "port"
+        # a device serves only from a provisioned state (its TEE); the bench's is the labelled simulation
+        prov = subprocess.run([sys.executable, "-m", "sealfl.platform.cli", "device", "provision", "--state",
+                               str(Path(tmp) / "state"), "--tee", "sim"], capture_output=True, text=True)
+        if prov.returncode != 0:
+            raise RuntimeError(f"device provision failed ({prov.returncode}): {prov.stderr[-2000:]}")
         proc = subprocess.Popen([sys.executable, "-m", "sealfl.platform.cli", "device", "serve", "--trust", str(trust),
                                  "--release", str(release), "--state", str(Path(tmp) / "state"), "--port", "0",
                                  "--port-file", str(port_file), "--max-concurrent", "2"],
