@@ -40,6 +40,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -226,6 +227,9 @@ def main() -> None:
     ap.add_argument("--task", choices=("heart", "causal-lm"), default="heart")
     ap.add_argument("--rounds", type=int, default=None, help="rounds per campaign (heart 6, causal-lm 3)")
     ap.add_argument("--local-steps", type=int, default=6, help="causal-lm: LoRA steps per round (the LLM demo's)")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the working directory (consortium, campaigns, every process's log); it is kept "
+                         "anyway when the run fails")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="sealfl-deploy-bench-"))
     load0 = os.getloadavg()
@@ -236,7 +240,7 @@ def main() -> None:
     else:
         res = causal_lm(work, args.rounds or 3, args.local_steps)
         out = RESULTS / "deploy_llm.json"
-    res.update(work_dir=str(work), seconds=time.perf_counter() - t0, load_average_at_start=load0,
+    res.update(work_dir=str(work) if args.keep else None, seconds=time.perf_counter() - t0, load_average_at_start=load0,
                load_average_at_end=os.getloadavg(), host_cpus=os.cpu_count())
     t = Table(title=f"{res['task']}: {res['partners']} partners, {res['rounds']} rounds (median of rounds 2..)")
     for col in ("runtime", "round s", "ratio", "target"):
@@ -257,6 +261,10 @@ def main() -> None:
         Console().print(f"SuperLink CPU per message round: {res['superlink_cpu_s_per_round']:.2f} s")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2) + "\n")
+    if args.keep:
+        Console().print(f"logs and campaigns kept in {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -107,8 +107,9 @@ def merged_model(demo: Path):
     from sealfl.clients.plugins import get_task
     from sealfl.enclave.release.enclave import ReleaseEnclave
     from sealfl.enclave.release.keyholder import KeyHolder
+    from sealfl.platform.campaign_outcome import finished_checkpoint
     from sealfl.platform.consortium import Consortium
-    from sealfl.platform.release import enclave_dir, finished_checkpoint, open_final_model
+    from sealfl.platform.release import enclave_dir, open_final_model
 
     cons = Consortium.load(demo / "consortium")
     task = get_task(cons.task)

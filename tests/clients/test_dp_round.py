@@ -11,6 +11,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from sealfl.clients import app as capp
+from sealfl.clients import global_record
 from sealfl.clients.heart.data import HOSPITALS, load_partitions
 from sealfl.clients.heart.stats import local_sums
 from sealfl.clients.heart.task import HeartTask
@@ -68,7 +69,7 @@ def test_decoded_dp_aggregate_is_one_sgd_step_over_all_partners(dp_round):
     n_total = sum(p.n_train for p in parts)
     agg = sum_frames(codec, frames, 15)  # 14 parameters + the count slot
     kit = load_kit(str(kit_dir(str(cons.dir), HOSPITALS[0])))
-    params, mean, std, _ = capp.decode_global_state(_record(codec, agg, n_total), kit, None, None,
+    params, mean, std, _ = global_record.decode_global_state(_record(codec, agg, n_total), kit, None, None,
                                                     capp.round_dp(_dp_cfg(4)))
     # the oracle: one full-batch gradient step of the mean BCE over all partners' rows, plain torch
     assert np.array_equal(mean, open_stats(sum(local_sums(p.x_train) for p in parts), n_total,
@@ -88,11 +89,11 @@ def test_fewer_than_k_partners_is_refused_at_the_partner_key_holder(dp_round):
     agg = sum_frames(codec, frames[:3], 15)
     n3 = sum(p.n_train for p in load_partitions()[:3])
     kit = load_kit(str(kit_dir(str(cons.dir), HOSPITALS[0])))
-    capp._DECODED.clear()
+    global_record._DECODED.clear()
     with pytest.raises(TooLittleNoiseError, match="only 3 partners counted.*k=4.*too little noise"):
-        capp.decode_global_state(_record(codec, agg, n3), kit, None, None, capp.round_dp(_dp_cfg(4)))
+        global_record.decode_global_state(_record(codec, agg, n3), kit, None, None, capp.round_dp(_dp_cfg(4)))
     # the same aggregate is accepted when the campaign's k is 3
-    capp.decode_global_state(_record(codec, agg, n3), kit, None, None, capp.round_dp(_dp_cfg(3)))
+    global_record.decode_global_state(_record(codec, agg, n3), kit, None, None, capp.round_dp(_dp_cfg(3)))
 
 
 def test_a_partner_pins_its_own_dp_floor_against_the_relayed_round_config(dp_round):

@@ -20,15 +20,10 @@ from sealfl.enclave.release.keyholder import KeyHolder
 from sealfl.he.decrypted import DecryptBounds, check_weight, open_model, open_stats, round_to_grid, share_to_sum
 from sealfl.he.errors import DecryptedValueError
 from sealfl.he.framed import WIDE
+from sealfl.platform.campaign_outcome import finished_checkpoint
 from sealfl.platform.consortium import create_consortium
 from sealfl.platform.errors import ReleaseError
-from sealfl.platform.release import (
-    enclave_dir,
-    finished_checkpoint,
-    open_final_model,
-    provision_release_enclave,
-    release,
-)
+from sealfl.platform.release import enclave_dir, open_final_model, provision_release_enclave, release
 from sealfl.server.bookkeeping import CampaignDir, save_checkpoint
 
 B = HeartTask.decrypt_bounds
@@ -177,7 +172,7 @@ def _global(codec, model, weight, stats_n=N):
 
 
 def test_kind_partner_refuses_an_out_of_bound_global_model(built):
-    from sealfl.clients.app import decode_global
+    from sealfl.clients.global_record import decode_global
     from sealfl.clients.kit import kit_dir, load_kit
 
     kit = load_kit(str(kit_dir(built["cons"].dir, HOSPITALS[0])))

@@ -74,7 +74,8 @@ def _model(cons, camp) -> np.ndarray:
     from sealfl.clients.plugins import get_task
     from sealfl.enclave.release.enclave import ReleaseEnclave
     from sealfl.enclave.release.keyholder import KeyHolder
-    from sealfl.platform.release import enclave_dir, finished_checkpoint, open_final_model
+    from sealfl.platform.campaign_outcome import finished_checkpoint
+    from sealfl.platform.release import enclave_dir, open_final_model
 
     keys = KeyHolder(ReleaseEnclave.open(enclave_dir(cons)), cons.he_params, bytes.fromhex(cons.context_id))
     params, mean, std = open_final_model(keys, finished_checkpoint(camp), get_task(cons.task), camp)
@@ -269,7 +270,8 @@ def test_the_heart_release_is_the_same_built_in_process_on_one_node_and_on_two(c
     from sealfl.clients.plugins import get_task
     from sealfl.enclave.release.enclave import ReleaseEnclave
     from sealfl.enclave.release.keyholder import KeyHolder
-    from sealfl.platform.release import enclave_dir, finished_checkpoint, open_final_model, release
+    from sealfl.platform.campaign_outcome import finished_checkpoint
+    from sealfl.platform.release import enclave_dir, open_final_model, release
     from sealfl.platform.tabular_build import build_tabular_candidates
 
     consortium, codec = consortium_codec

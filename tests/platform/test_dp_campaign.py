@@ -16,15 +16,10 @@ from sealfl.clients.heart.task import HeartTask
 from sealfl.enclave.release.enclave import ReleaseEnclave
 from sealfl.enclave.release.keyholder import KeyHolder
 from sealfl.he.dp import DPConfig
+from sealfl.platform.campaign_outcome import campaign_privacy, finished_checkpoint
 from sealfl.platform.consortium import create_consortium
 from sealfl.platform.partner_keys import partner_public_keys
-from sealfl.platform.release import (
-    campaign_privacy,
-    enclave_dir,
-    finished_checkpoint,
-    open_final_model,
-    provision_release_enclave,
-)
+from sealfl.platform.release import enclave_dir, open_final_model, provision_release_enclave
 from sealfl.server.app import ServerConfig, run_server
 from sealfl.server.bookkeeping import CampaignDir
 from tests.support.fakegrid import FakeGrid
@@ -58,7 +53,8 @@ def test_dp_campaign_records_epsilon_every_round_and_the_release_opens_it(consor
         # what partner 0 decrypts: round k's global model, evaluated in round k+1's train message
         # (the last one in its own evaluate message)
         if (mtype == "train" and phases.count("train") >= 2) or mtype == "evaluate":
-            from sealfl.clients.app import decode_global, round_dp
+            from sealfl.clients.app import round_dp
+            from sealfl.clients.global_record import decode_global
             from sealfl.clients.kit import kit_dir, load_kit
 
             msg = next(m for m in reversed(g.sent) if m.metadata.dst_node_id == g.node_ids[0])

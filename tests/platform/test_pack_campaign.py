@@ -18,10 +18,11 @@ from sealfl.clients.heart.task import HeartTask
 from sealfl.enclave.release.enclave import ReleaseEnclave
 from sealfl.enclave.release.keyholder import KeyHolder
 from sealfl.he.bfv import BFVParams
+from sealfl.platform.campaign_outcome import finished_checkpoint
 from sealfl.platform.consortium import create_consortium
 from sealfl.platform.errors import ConsortiumError
 from sealfl.platform.partner_keys import partner_public_keys
-from sealfl.platform.release import enclave_dir, finished_checkpoint, open_final_model, provision_release_enclave
+from sealfl.platform.release import enclave_dir, open_final_model, provision_release_enclave
 from sealfl.server.app import ServerConfig, run_server
 from sealfl.server.bookkeeping import CampaignDir
 from tests.support.fakegrid import FakeGrid
@@ -45,7 +46,7 @@ def test_kind_campaign_at_13_bits_is_fedavg_within_the_packing_bound(tmp_path, s
         # partner 0 decrypts round k's global model from round k+1's train message (the
         # last round's from its own evaluate message)
         if (mtype == "train" and phases.count("train") >= 2) or mtype == "evaluate":
-            from sealfl.clients.app import decode_global
+            from sealfl.clients.global_record import decode_global
             from sealfl.clients.kit import kit_dir, load_kit
             from sealfl.he.server_opt import ServerOpt
 

@@ -19,9 +19,10 @@ from sealfl.clients.heart.task import HeartTask
 from sealfl.enclave.release.enclave import ReleaseEnclave
 from sealfl.enclave.release.keyholder import KeyHolder
 from sealfl.he.server_opt import ServerOpt
+from sealfl.platform.campaign_outcome import finished_checkpoint
 from sealfl.platform.consortium import create_consortium
 from sealfl.platform.partner_keys import partner_public_keys
-from sealfl.platform.release import enclave_dir, finished_checkpoint, open_final_model, provision_release_enclave
+from sealfl.platform.release import enclave_dir, open_final_model, provision_release_enclave
 from sealfl.server.app import ServerConfig, run_server
 from sealfl.server.bookkeeping import CampaignDir
 from tests.support.fakegrid import FakeGrid
@@ -91,7 +92,7 @@ def test_encrypted_campaign_with_a_server_optimizer_matches_flower(opt, consorti
         # what partner 0 decrypts: round k's global model, evaluated in round k+1's train message
         # (the last one in its own evaluate message)
         if (mtype == "train" and phases.count("train") >= 2) or mtype == "evaluate":
-            from sealfl.clients.app import decode_global
+            from sealfl.clients.global_record import decode_global
             from sealfl.clients.kit import kit_dir, load_kit
 
             msg = next(m for m in reversed(g.sent) if m.metadata.dst_node_id == g.node_ids[0])
@@ -198,7 +199,7 @@ def _write_train(out, train):
 ])
 def test_the_release_reads_every_optimizer_setting_as_written(train, what, tmp_path):
     from sealfl.he.errors import ServerOptError
-    from sealfl.platform.release import campaign_server_opt
+    from sealfl.platform.campaign_outcome import campaign_server_opt
 
     _write_train(tmp_path / "camp", train)
     with pytest.raises(ServerOptError, match=what):
@@ -209,7 +210,7 @@ def test_the_release_refuses_a_campaign_whose_optimizer_it_cannot_read(tmp_path)
     """A missing server_config.json means FedAvg (for the release: the aggregate of any other
     optimizer is then refused by its length and tag); an unreadable one is refused."""
     from sealfl.he.errors import ServerOptError
-    from sealfl.platform.release import campaign_server_opt
+    from sealfl.platform.campaign_outcome import campaign_server_opt
 
     with pytest.raises(ServerOptError, match="missing"):
         campaign_server_opt(tmp_path / "nothing-here", missing_ok=False)

@@ -225,7 +225,7 @@ def status(
                       f"{', loopback only' if ray.get('loopback_only') else ''}")
     console.print(f"aggregator held a secret key: {status_doc.get('server_has_secret_key')}")
     from sealfl.he.errors import ServerOptError
-    from sealfl.platform.release import campaign_server_opt
+    from sealfl.platform.campaign_outcome import campaign_server_opt
 
     try:
         console.print(f"server optimizer: {campaign_server_opt(out, missing_ok=False).describe()}")

@@ -102,7 +102,7 @@ def release_llm(cons, task, enclave, params, ckpt: dict, campaign_dir, out_dir, 
     extra = {"campaign": {"rounds": ckpt["round"], "context_id": cons.context_id, "partners": cons.partners},
              "perplexity": {**perplexity, "per_partner": per_partner}}
     payload, metadata = llm_release_files(build, bundle, task.spec, counts, extra, THRESHOLDS)
-    from sealfl.platform.release import campaign_server_opt
+    from sealfl.platform.campaign_outcome import campaign_server_opt
 
     provenance = campaign_provenance(
         cons, campaign_dir, ckpt, optimizer=campaign_server_opt(campaign_dir),
