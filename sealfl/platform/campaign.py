@@ -151,7 +151,8 @@ def check_spec(spec: CampaignSpec, num_partners: int, min_partners: int) -> None
         raise CampaignError(f"the reply timeout must be a number of seconds in (0, {MAX_SECONDS:g}], "
                             f"got {spec.timeout_s!r}")
     if not (math.isfinite(spec.cpus_per_partner) and spec.cpus_per_partner > 0):
-        raise CampaignError(f"cpus per partner must be a positive finite number, got {spec.cpus_per_partner}")
+        raise CampaignError(f"cpus per partner (--cpus-per-partner) must be a positive finite number, "
+                            f"got {spec.cpus_per_partner}")
     mu = spec.proximal_mu
     if mu is not None and (isinstance(mu, bool) or not isinstance(mu, (int, float)) or not 0 <= mu <= 1e3
                            or not math.isfinite(mu)):

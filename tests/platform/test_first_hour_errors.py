@@ -90,3 +90,13 @@ def test_kind_partner_check_shows_each_phase_off_a_terminal_then_the_result(cons
     phases = [ln.split("] ", 1)[1] for ln in out.stderr.splitlines() if ln.startswith("[") and " s] " in ln]
     assert [p.split()[0] for p in phases] == ["open", "round-trip", "load"], out.stderr
     assert "partner Cleveland" in " ".join(out.stdout.split()) and "training examples" in out.stdout
+
+
+def test_kind_cpus_per_partner_is_for_simulated_partners_only(cons, tmp_path):
+    out = tmp_path / "camp"
+    code, msg = _cli("campaign", "run", "-c", cons.dir, "-o", out, "--superlink", "127.0.0.1:1",
+                     "--cpus-per-partner", 0.5)
+    assert code == 1 and "--cpus-per-partner" in msg and "SuperNode" in msg and not out.exists()
+    for bad in (0, -1, "nan", "abc"):
+        code, msg = _cli("campaign", "run", "-c", cons.dir, "-o", out, "--cpus-per-partner", bad)
+        assert code in (1, 2) and "--cpus-per-partner" in msg and not out.exists(), (bad, msg)

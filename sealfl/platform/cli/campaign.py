@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from sealfl.common.errors import Interrupted, SealflError
-from sealfl.platform.cli.options import ConsortiumDir, RayAddress, Superlink
+from sealfl.platform.cli.options import ConsortiumDir, CpusPerPartner, RayAddress, Superlink
 from sealfl.platform.cli.output import VERBOSE, command_group, console, err, fail, stopped
 from sealfl.platform.supervisor import interruptible
 
@@ -51,6 +51,7 @@ def run(
                                              "late in rounds.jsonl and its reply does not count."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier campaign in --out."),
     ray_address: RayAddress = None,
+    cpus_per_partner: CpusPerPartner = 1.0,
     superlink: Superlink = None,
     prepare_only: bool = typer.Option(False, "--prepare-only", help="Only write the campaign directory and print the "
                                       "'flwr run .' command that runs it (Flower's own CLI; local simulation "
@@ -66,6 +67,7 @@ def run(
         from sealfl.platform.progress import run_campaign_with_progress
 
         try:
+            _simulation_only(cpus_per_partner, superlink)
             if server_momentum is None:
                 server_momentum = 0.9 if server_opt.strip().lower() == "fedavgm" else 0.0
             opt = ServerOpt(server_opt, lr=server_lr, momentum=server_momentum)
@@ -76,7 +78,8 @@ def run(
             spec = CampaignSpec(str(consortium), str(out), rounds=rounds, local_epochs=local_epochs, lr=lr,
                                 min_partners=min_partners, ray_address=ray_address, overwrite=overwrite,
                                 flower_log_level="INFO" if VERBOSE["on"] else "WARNING", server_opt=opt,
-                                proximal_mu=proximal_mu, dp=dp, superlink=superlink, timeout_s=round_timeout)
+                                proximal_mu=proximal_mu, dp=dp, superlink=superlink, timeout_s=round_timeout,
+                                cpus_per_partner=cpus_per_partner)
             if prepare_only:
                 _prepare_only(spec)
                 return
@@ -92,6 +95,14 @@ def run(
     if isinstance(priv, dict):
         console.print(f"record-level DP: ε = {priv.get('epsilon', float('nan')):.4f}, δ = {priv.get('delta')} after "
                       f"{priv.get('rounds')} noised rounds ({priv.get('accountant')})")
+
+
+def _simulation_only(cpus_per_partner: float, superlink: str | None) -> None:
+    if superlink and cpus_per_partner != 1.0:
+        from sealfl.platform.errors import CampaignError
+
+        raise CampaignError("--cpus-per-partner sizes the simulated partners on Ray; with --superlink every partner "
+                            "is a SuperNode on its own machine: drop one of the two")
 
 
 def _prepare_only(spec) -> None:
@@ -110,6 +121,7 @@ def resume(
     consortium: ConsortiumDir,
     out: Path = typer.Argument(..., help="Campaign directory of a stopped campaign (interrupted, dead or failed)."),
     ray_address: RayAddress = None,
+    cpus_per_partner: CpusPerPartner = 1.0,
     superlink: Superlink = None,
 ) -> None:
     """Continue a stopped campaign (Ctrl-C, kill -9 of the coordinator or ServerApp, a
@@ -124,6 +136,7 @@ def resume(
         from sealfl.server.bookkeeping import CampaignDir
 
         try:
+            _simulation_only(cpus_per_partner, superlink)
             plan = CampaignDir(out).plan_resume()
             if plan.ok:
                 console.print(plan.message, highlight=False)
@@ -139,6 +152,7 @@ def resume(
                         f"{len(rec.get('accepted', []))} partners, {rec.get('round_seconds', 0):.2f} s"))
 
                 res = resume_campaign(out, consortium, ray_address=ray_address, superlink=superlink,
+                                      cpus_per_partner=cpus_per_partner,
                                       flower_log_level="INFO" if VERBOSE["on"] else "WARNING", on_round=on_round)
         except Interrupted as exc:
             stopped(exc)

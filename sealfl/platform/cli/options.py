@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 
-__all__ = ["TrustDir", "StateDir", "ReleaseDir", "BootRelease", "ConsortiumDir", "RayAddress", "Superlink", "Variant", "KeyBroker", "Tee", "check_tee"]
+__all__ = ["TrustDir", "StateDir", "ReleaseDir", "BootRelease", "ConsortiumDir", "RayAddress", "CpusPerPartner", "Superlink", "Variant", "KeyBroker", "Tee", "check_tee"]
 
 TrustDir = Annotated[Path, typer.Option("--trust", "-t", help="Pinned trust anchors directory.")]
 StateDir = Annotated[Path, typer.Option("--state", "-s", help="Device state directory (TEE, slots, last good "
@@ -24,6 +24,10 @@ BootRelease = Annotated[Optional[Path], typer.Option("--release", "-r", help="Re
 ConsortiumDir = Annotated[Path, typer.Option("--consortium", "-c", help="Consortium directory.")]
 RayAddress = Annotated[Optional[str], typer.Option("--ray-address", envvar="RAY_ADDRESS",
                                                    help="Attach to this Ray cluster instead of a local Ray.")]
+CpusPerPartner = Annotated[float, typer.Option(
+    "--cpus-per-partner", min=0.01, max=1024.0,
+    help="Simulation only: Ray CPUs reserved per simulated partner (Flower's client-resources num-cpus); the "
+         "partners trained at once are the Ray CPUs / this (default 1: one partner per core; 0.5: two).")]
 Superlink = Annotated[Optional[str], typer.Option("--superlink", help="HOST:PORT of the consortium's SuperLink "
                                                  "(sealfl superlink start); TLS checked against the kit's ca.crt.")]
 Variant = Annotated[Optional[str], typer.Option("--variant", help="Model variant of a causal-LM release (default: "
