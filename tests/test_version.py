@@ -25,7 +25,10 @@ def test_kind_shell_completion_completes_commands():
     import os
 
     sealfl_bin = str(Path(sys.executable).parent / "sealfl")  # the console script: completion keys on its name
-    script = subprocess.run([sealfl_bin, "--show-completion", "bash"], capture_output=True, text=True, timeout=120)
+    # the script '--show-completion bash' prints, asked for as Click does: '--show-completion' itself
+    # looks for the shell among its parent processes and finds none under a detached job
+    script = subprocess.run([sealfl_bin], env={**os.environ, "_SEALFL_COMPLETE": "source_bash"}, capture_output=True,
+                            text=True, timeout=120)
     assert script.returncode == 0 and "COMPREPLY" in script.stdout and "_SEALFL_COMPLETE" in script.stdout
     env = {**os.environ, "_SEALFL_COMPLETE": "complete_bash", "COMP_WORDS": "sealfl dev", "COMP_CWORD": "1"}
     words = subprocess.run([sealfl_bin], env=env, capture_output=True, text=True, timeout=120).stdout.split()
