@@ -19,7 +19,10 @@ The waits (flwr 1.42.0, ``flwr/supernode/start_client_internal.py``):
   ``_pull_and_store_message`` (it returns the message's run id, or None);
 - lines 470 and 506, in ``_push_messages``: ``time.sleep(0.5)`` between two looks at the
   node's own in-memory state for the ClientApp's reply (and for its objects). A reply waited
-  up to 0.5 s in the SuperNode before it was pushed; here :data:`REPLY_POLL_S`;
+  up to 0.5 s in the SuperNode before it was pushed; here :data:`REPLY_POLL_S` right after a
+  message, slowing with the time since it (:func:`reply_interval`) to Flower's 0.5 s. (The
+  thread that runs ``_push_messages`` looks all the time, busy or idle: at a fixed 5 ms that
+  was 200 wake-ups a second per SuperNode through every partner's training);
 - ``pull_objects``'s first retry of a message object the SuperLink does not hold yet: 1 s,
   here 5 ms (:mod:`sealfl.common.flwr_retries`).
 
@@ -59,7 +62,8 @@ from sealfl.common import seconds
 from sealfl.common.flwr_retries import shorten_object_retries
 from sealfl.platform.errors import DeploymentError
 
-__all__ = ["PULL_FAST_S", "PULL_IDLE_S", "PULL_SLOPE", "REPLY_POLL_S", "HEARTBEAT_ARG", "Waits", "pull_interval", "patch",
+__all__ = ["PULL_FAST_S", "PULL_IDLE_S", "PULL_SLOPE", "REPLY_POLL_S", "REPLY_SLOPE", "REPLY_IDLE_S", "HEARTBEAT_ARG",
+           "Waits", "pull_interval", "reply_interval", "patch",
            "heartbeat_bounds",
            "set_heartbeat", "split_heartbeat", "main"]
 
@@ -72,8 +76,13 @@ PULL_FAST_S = 0.05
 PULL_IDLE_S = 1.0
 #: seconds of pull interval per second without a message (0.05: 0.5 s after 10 s)
 PULL_SLOPE = 0.05
-#: seconds between two looks for the ClientApp's reply in the SuperNode (Flower 1.42: 0.5 s)
+#: seconds between two looks for the ClientApp's reply in the SuperNode right after a message
+#: (Flower 1.42: 0.5 s always); the look then slows by :data:`REPLY_SLOPE` seconds per second
+#: since the message, up to :data:`REPLY_IDLE_S`: a reply waits at most ~1 % of the time its
+#: partner took (a LoRA round's 140 s: 0.5 s at most, 2 looks a second instead of 200)
 REPLY_POLL_S = 0.005
+REPLY_SLOPE = 0.01
+REPLY_IDLE_S = 0.5
 #: Flower's fixed sleeps (seconds), and the function of start_client_internal.py that sleeps each
 IDLE_WAIT, REPLY_WAIT = 3, 0.5
 _WHERE = {IDLE_WAIT: ("start_client_internal", "time.sleep(3)"), REPLY_WAIT: ("_push_messages", "time.sleep(0.5)")}
@@ -93,11 +102,20 @@ def pull_interval(idle_for_s: float, fast_s: float = PULL_FAST_S, idle_s: float 
     return seconds.poll_interval(idle_for_s, fast_s, idle_s, slope)
 
 
+def reply_interval(since_message_s: float, fast_s: float = REPLY_POLL_S, idle_s: float = REPLY_IDLE_S,
+                   slope: float = REPLY_SLOPE) -> float:
+    """Seconds before the next look for the ClientApp's reply, ``since_message_s`` seconds after
+    the node last pulled a message: ``clamp(since_message_s * slope, fast_s, idle_s)``. A reply
+    that took the partner t seconds is pushed within ``max(fast_s, slope * t)`` of it; an idle
+    node (its reply thread looks all the time) looks every ``idle_s``. Pure."""
+    return seconds.poll_interval(since_message_s, fast_s, idle_s, slope)
+
+
 class Waits:
     """Stands in for the :mod:`time` module inside Flower's SuperNode module: ``sleep(3)`` (an
     empty pull) sleeps :func:`pull_interval` of the time since :meth:`note_message` was last
-    called, ``sleep(0.5)`` (the reply poll) sleeps ``reply_s``, any other duration is slept as
-    asked; every other attribute is :mod:`time`'s.
+    called, ``sleep(0.5)`` (the reply poll) sleeps :func:`reply_interval` of that time from
+    ``reply_s`` on, any other duration is slept as asked; every other attribute is :mod:`time`'s.
 
     Args:
         reply_s: the reply poll (seconds).
@@ -121,7 +139,7 @@ class Waits:
         if seconds == IDLE_WAIT:
             seconds = self._interval(self._clock() - self._last_message)
         elif seconds == REPLY_WAIT:
-            seconds = self.reply_s
+            seconds = reply_interval(self._clock() - self._last_message, self.reply_s)
         self._sleep(seconds)
 
     def __getattr__(self, name: str):

@@ -46,7 +46,7 @@ def test_patch_maps_exactly_flowers_fixed_waits_and_passes_others_through():
     now = [100.0]
     shim = sm.patch(mod, sleep=slept.append, clock=lambda: now[0])
     assert mod.time is shim
-    mod.time.sleep(0.5)    # waiting for the ClientApp's reply
+    mod.time.sleep(0.5)    # waiting for the ClientApp's reply, right after the last message
     mod.time.sleep(1.25)   # any other duration: unchanged
     assert slept == [sm.REPLY_POLL_S, 1.25] and sm.REPLY_POLL_S < 0.5
     assert mod.time.monotonic is time.monotonic and mod.time.time is time.time  # the rest is the real module
@@ -81,6 +81,25 @@ def test_the_idle_pull_is_fast_after_a_message_and_slows_down_to_the_idle_interv
     sm.patch(mod, sleep=slept.append, clock=lambda: now[0])  # patched again: Flower's function wrapped once
     assert mod._pull_and_store_message.__wrapped__ is fake_pull
     assert shim.reply_s == sm.REPLY_POLL_S
+
+
+def test_the_reply_look_is_fast_after_a_message_and_slows_to_flowers_half_second():
+    """A reply is pushed within ~1 % of the time its partner took; an idle node looks every 0.5 s."""
+    mod = _fresh_flower_module()
+    slept: list[float] = []
+    now = [50.0]
+    mod._pull_and_store_message = lambda **kw: 7  # every pull brings a message
+    sm.patch(mod, sleep=slept.append, clock=lambda: now[0])
+    mod._pull_and_store_message()
+    for dt in (0.1, 0.4, 9.6, 130.0, 1e6):  # a heart reply (~0.5 s), then a LoRA round's training, then idle
+        now[0] += dt
+        mod.time.sleep(0.5)
+    assert slept[:2] == [sm.REPLY_POLL_S, sm.REPLY_POLL_S]  # within the first half second: 5 ms
+    assert slept[2] == pytest.approx(10.1 * sm.REPLY_SLOPE) and slept[3] == slept[4] == 0.5  # 10.1 s in
+    mod._pull_and_store_message()  # the next message: fast again
+    mod.time.sleep(0.5)
+    assert slept[-1] == sm.REPLY_POLL_S
+    assert [sm.reply_interval(t) for t in (0.0, 0.5, 10.0, 60.0)] == pytest.approx([0.005, 0.005, 0.1, 0.5])
 
 
 def test_pull_interval_is_clamped_between_the_fast_and_the_idle_interval():
