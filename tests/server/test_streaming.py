@@ -249,3 +249,26 @@ def test_numpy_numbers_are_timeouts_too():
 
     for t in (np.int64(1), np.float32(0.5), np.float64(0.5)):
         list(StreamingGrid(ScriptedGrid({0: ["a"]}, pull_interval=0.01)).send_and_receive(["a"], timeout=t))
+
+
+def test_kind_a_long_quiet_stream_waits_a_hundredth_of_its_quiet_time_between_pulls():
+    """A LoRA round's partners train for minutes: the deployment grid (0.2 s) is then pulled
+    every ~1 % of the quiet time (at most 2 s), not every 0.2 s; short rounds are unchanged."""
+    from sealfl.server.streaming import pull_wait
+
+    assert pull_wait(0.0, 0.2) == streaming.PULL_FAST_S
+    assert pull_wait(1.0, 0.2) == pytest.approx(0.1) and pull_wait(5.0, 0.2) == 0.2  # heart: as before
+    assert pull_wait(20.0, 0.2) == pytest.approx(0.2) and pull_wait(140.0, 0.2) == pytest.approx(1.4)
+    assert pull_wait(1e5, 0.2) == streaming.PULL_LONG_MAX_S
+    assert pull_wait(0.0, 0.001) == 0.001 and pull_wait(1e3, 5.0) == 5.0  # a grid's own interval still bounds
+    before = sum(1 for _ in _walk(140.0, lambda t: streaming.poll_interval(t, streaming.PULL_FAST_S, 0.2,
+                                                                           streaming.PULL_SLOPE)))
+    now = sum(1 for _ in _walk(140.0, lambda t: pull_wait(t, 0.2)))
+    assert before > 680 and now < before / 2, (before, now)  # a 140-s quiet stream: ~320 pulls, not ~710
+
+
+def _walk(total_s: float, wait):
+    t = 0.0
+    while t < total_s:
+        t += wait(t)
+        yield t
