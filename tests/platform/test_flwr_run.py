@@ -49,6 +49,7 @@ def test_flwr_run_dot_runs_a_campaign_in_the_local_simulation_federation(tmp_pat
                          env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "flwr run . CONNECTION --federation-config num-supernodes=4" in out.stdout.replace("\n", "")
+    assert "where CONNECTION names a [superlink.CONNECTION] table" in " ".join(out.stdout.split())
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -114,6 +114,9 @@ def _prepare_only(spec) -> None:
     console.print(f"campaign prepared in {cd.dir}; from the sealfl source tree run it with Flower's CLI:", highlight=False)
     console.print(f"  RAY_ADDRESS=local flwr run . CONNECTION --federation-config num-supernodes={len(cons.partners)} "
                   f"--run-config '{rc}'", highlight=False, soft_wrap=True)
+    console.print("  where CONNECTION names a [superlink.CONNECTION] table (address, root-certificates or insecure) "
+                  "in $FLWR_HOME/config.toml: a SuperLink of this consortium, or a 'flower-superlink --simulation' "
+                  "for the local simulation federation", markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command("resume")
