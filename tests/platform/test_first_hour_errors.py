@@ -52,6 +52,21 @@ def test_kind_consortium_create_where_it_cannot_says_so(tmp_path):
     assert code == 1 and "--tee must be 'sim' or 'tpm'" in msg and not (tmp_path / "x").exists()
 
 
+def test_kind_a_consortium_create_that_fails_midway_leaves_no_half_written_consortium(tmp_path):
+    import os
+
+    # every check passes and the key ceremony writes its files; then the release enclave's
+    # TPM does not answer: nothing of the consortium may stay behind (a new one, an empty one)
+    env = {**os.environ, "SEALFL_TPM_TCTI": f"device:{tmp_path / 'no-tpm'}"}
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for target in (tmp_path / "new", empty):
+        out = subprocess.run([sys.executable, "-m", "sealfl.platform.cli", "consortium", "create", str(target),
+                              "--tee", "tpm"], capture_output=True, text=True, timeout=300, env=env)
+        assert out.returncode == 1 and "TPM" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert not (tmp_path / "new").exists() and list(empty.iterdir()) == []
+
+
 def test_kind_a_superlink_refuses_a_busy_port_and_a_state_directory_in_use(cons, tmp_path):
     import fcntl
     import os
