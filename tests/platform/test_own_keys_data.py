@@ -173,6 +173,14 @@ def test_bad_partner_names_are_refused_before_anything_is_written(tmp_path, name
     assert not (tmp_path / "c").exists()
 
 
+@pytest.mark.parametrize("name, why", [("", "1 to 256"), ("n" * 257, "1 to 256"), ("two\nlines", "printable")])
+def test_bad_consortium_names_are_refused_before_anything_is_written(tmp_path, name, why):
+    # a name Consortium.load would refuse to read back must not get as far as the key ceremony
+    with pytest.raises(ConsortiumError, match=why):
+        create_consortium(tmp_path / "c", name, ["Cleveland", "Hungary"])
+    assert not (tmp_path / "c").exists()
+
+
 def test_keys_that_are_not_a_partners_public_half_are_refused(tmp_path):
     priv = ECC.generate(curve="P-256")
     with pytest.raises(ConsortiumError, match="PRIVATE key"):
