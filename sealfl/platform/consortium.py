@@ -180,8 +180,8 @@ def create_consortium(d: str | Path, name: str, partners: list[str], *, params: 
     Returns the loaded :class:`Consortium` and the SECRET codec (so the caller can seal it
     into the release enclave; drop it afterwards).
     Raises ConsortiumError if ``name`` is not 1..256 printable characters, ``d`` is not
-    empty, partner names collide (also after mapping to directory names), ``task`` is not a
-    registered task
+    empty, partner names collide (also after mapping to directory names), two partners were
+    given the same public key, ``task`` is not a registered task
     (:mod:`sealfl.clients.plugins`), a partner has no data for it, or a narrow BFV packing
     (``params.pack_bits`` < 27) is asked for more than 64 partners.
 
@@ -219,6 +219,12 @@ def create_consortium(d: str | Path, name: str, partners: list[str], *, params: 
     slugs = [slug(p) for p in partners]
     if len(set(slugs)) != len(slugs) or "" in slugs:
         raise ConsortiumError(f"partner names must map to distinct directory names, got {dict(zip(partners, slugs))}")
+    holders: dict[bytes, str] = {}
+    for p, key in given.items():
+        other = holders.setdefault(key.export_key(format="DER"), p)
+        if other != p:  # one private key would open both kits and sign for both partners
+            raise ConsortiumError(f"partners {other!r} and {p!r} were given the same public key; each partner "
+                                  "sends the partner_key.pub.pem of its own 'sealfl partner keygen'")
     try:
         the_task = get_task(task)
     except ClientError as exc:

@@ -194,6 +194,9 @@ def test_keys_that_are_not_a_partners_public_half_are_refused(tmp_path):
     pub = priv.public_key().export_key(format="PEM").encode()
     with pytest.raises(ConsortiumError, match="distinct directory names"):
         create_consortium(tmp_path / "d", "t", ["Site A", "site-a"], public_keys={"Site A": pub, "site-a": pub})
+    with pytest.raises(ConsortiumError, match="'A' and 'B' were given the same public key"):
+        create_consortium(tmp_path / "f", "t", ["A", "B"], public_keys={"A": pub, "B": pub})
+    assert not (tmp_path / "f").exists()
     with pytest.raises(ConsortiumError, match="unknown partner"):  # a -p partner without data, as before
         create_consortium(tmp_path / "e", "t", ["Nowhere", "Cleveland"])
 
