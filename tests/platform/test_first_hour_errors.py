@@ -67,6 +67,22 @@ def test_kind_a_consortium_create_that_fails_midway_leaves_no_half_written_conso
     assert not (tmp_path / "new").exists() and list(empty.iterdir()) == []
 
 
+def test_kind_a_superlink_refused_for_its_kit_leaves_no_state_directory(cons, tmp_path):
+    for kit in (tmp_path / "nope", cons.dir, cons.dir / "partners" / "cleveland"):
+        code, msg = _cli("superlink", "start", kit, "--port", 1, "--state", tmp_path / "state")
+        assert code == 1 and "kit" in msg, msg
+        assert not (tmp_path / "state").exists()
+    import socket
+
+    (tmp_path / "afile").write_text("")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    code, msg = _cli("superlink", "start", cons.dir / "superlink", "--port", free, "--state",
+                     tmp_path / "afile" / "state")
+    assert code == 1 and "cannot create the state directory" in msg and "Errno" not in msg, msg
+
+
 def test_kind_a_superlink_refuses_a_busy_port_and_a_state_directory_in_use(cons, tmp_path):
     import fcntl
     import os

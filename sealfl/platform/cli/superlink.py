@@ -70,10 +70,14 @@ def start(
         from sealfl.platform.services import register_supernodes, run_service, superlink_command
 
         try:
-            _check_port_free(host, port)
-            state.mkdir(parents=True, exist_ok=True, mode=0o700)
-            _lock_state(state)  # held (fd kept open) while this process lives: one SuperLink per state dir
+            # everything that can be refused is, before the state directory is made
             cmd = superlink_command(kit, host, port, state / "superlink.db")
+            _check_port_free(host, port)
+            try:
+                state.mkdir(parents=True, exist_ok=True, mode=0o700)
+            except OSError as exc:
+                fail(f"cannot create the state directory {state}: {exc.strerror or exc}; give a --state you can write")
+            _lock_state(state)  # held (fd kept open) while this process lives: one SuperLink per state dir
             log_path = state / "superlink.log"
             connect = "127.0.0.1" if host in ("0.0.0.0", "::") else host
             home = flwr_cli.write_flwr_home(state / "flwr-home", f"{connect}:{port}", kit / "ca.crt")
