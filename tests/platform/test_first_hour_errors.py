@@ -83,6 +83,14 @@ def test_kind_a_superlink_refused_for_its_kit_leaves_no_state_directory(cons, tm
     assert code == 1 and "cannot create the state directory" in msg and "Errno" not in msg, msg
 
 
+def test_kind_a_superlink_on_a_host_it_cannot_listen_on_says_so_not_busy_port(cons, tmp_path):
+    for host, why in (("no-such-host.invalid", "is not an address or a name of this machine"),
+                      ("192.0.2.1", "is not an address of this machine"), ("[::1]", "without brackets")):
+        code, msg = _cli("superlink", "start", cons.dir / "superlink", "--host", host, "--state", tmp_path / "s")
+        assert code == 1 and why in msg and "another SuperLink" not in msg and "--port" not in msg, msg
+        assert not (tmp_path / "s").exists()
+
+
 def test_kind_a_superlink_refuses_a_busy_port_and_a_state_directory_in_use(cons, tmp_path):
     import fcntl
     import os

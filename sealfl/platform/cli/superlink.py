@@ -25,17 +25,28 @@ def _accepts(host: str, port: int) -> bool:
 
 
 def _check_port_free(host: str, port: int) -> None:
-    """Refuse up front a port something already listens on (Flower would fail after start-up)."""
-    import socket
+    """Refuse up front a port something already listens on, or a --host this machine cannot
+    listen on (Flower would fail after start-up); the message says which of the two it is."""
+    import errno
 
+    if host.startswith("[") and host.endswith("]"):
+        fail(f"--host {host}: give an IPv6 address without brackets (e.g. --host {host[1:-1]})")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
+        except socket.gaierror as exc:
+            fail(f"cannot listen on {host}:{port}: --host {host!r} is not an address or a name of this machine "
+                 f"({exc.strerror or exc}); give one of its addresses, e.g. 127.0.0.1 or 0.0.0.0 (all)")
         except OSError as exc:
-            fail(f"cannot listen on {host}:{port}: {exc.strerror or exc} (another SuperLink or service has it); "
-                 "choose another --port")
+            if exc.errno == errno.EADDRINUSE:
+                fail(f"cannot listen on {host}:{port}: {exc.strerror or exc} (another SuperLink or service has it); "
+                     "choose another --port")
+            if exc.errno == errno.EADDRNOTAVAIL:
+                fail(f"cannot listen on {host}:{port}: {host} is not an address of this machine; give one of its "
+                     "addresses, e.g. 127.0.0.1 or 0.0.0.0 (all)")
+            fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
 
 
 def _lock_state(state: Path):
