@@ -163,6 +163,16 @@ def test_partner_check_with_its_key_and_its_own_csv(world, tmp_path):
     assert code == 1 and "row 6" in msg and "'age'" in msg and "not a finite number" in msg
 
 
+def test_a_partner_with_its_own_key_and_no_data_is_told_to_give_data(world, tmp_path):
+    root, cons, homes = world
+    mine = tmp_path / "m" / kit_dir(cons, OWN[1]).name
+    shutil.copytree(kit_dir(cons, OWN[1]), mine)
+    for cmd in (["check"], ["start", "--superlink", "127.0.0.1:9"]):
+        code, msg = _cli("partner", *cmd, mine, "--key", homes[OWN[1]] / "keys" / "partner_key.pem", cwd=tmp_path)
+        assert code == 1 and f"partner '{OWN[1]}' has no bundled demo data" in msg and "--data PATH" in msg, msg
+        assert "unknown hospital" not in msg and "SuperNode of" not in msg
+
+
 @pytest.mark.parametrize("name, why", [
     ("bell\x07name", "printable"), ("x" * 65, "1 to 64"), (" Padded", "leading/trailing"), ("---", "letter or digit"),
 ])

@@ -57,7 +57,13 @@ def _open(kit: Path, key: Path | None):
     return k
 
 
-def _data_config(task, data: Path | None) -> dict:
+def _data_config(task, data: Path | None, partner: str) -> dict:
+    """The task's training settings with ``--data``; without it, only a partner the task has
+    bundled demo data for may go on (a partner with its own key brings its own data)."""
+    if data is None and partner not in task.partners:
+        fail(f"partner {partner!r} has no bundled demo data (the {task.name} task has data for "
+             f"{', '.join(task.partners)} only): give your own with --data PATH (heart: a CSV with "
+             "heart_disease_uci.csv's columns; causal-lm: a directory of text files; docs/partner.md)")
     conf = dict(task.train_defaults())
     if data is not None:
         conf["data-path"] = str(data.resolve())
@@ -97,7 +103,7 @@ def check(
             err_max = float(np.max(np.abs(k.codec.decrypt(k.codec.encrypt(probe)) - probe)))
             phase(f"load the task ({k.task}) and the partner's data")
             task = get_task(k.task)
-            loaded = task.load_data(k.partner, _data_config(task, data))
+            loaded = task.load_data(k.partner, _data_config(task, data, k.partner))
     except (SealflError, OSError) as exc:
         fail(str(exc))
     console.print(f"partner [bold]{k.partner}[/] of consortium {k.consortium} (task {task.name}): HE secret "
@@ -122,7 +128,7 @@ def _warm_up(kit, data: Path | None = None) -> None:
     from sealfl.clients.plugins import get_task
 
     task = get_task(kit.task)
-    loaded = task.load_data(kit.partner, _data_config(task, data))
+    loaded = task.load_data(kit.partner, _data_config(task, data, kit.partner))
     warm = getattr(task, "warm_up", None)
     if warm is not None:
         warm(loaded)
