@@ -91,6 +91,21 @@ def test_kind_a_superlink_on_a_host_it_cannot_listen_on_says_so_not_busy_port(co
         assert not (tmp_path / "s").exists()
 
 
+def test_kind_a_malformed_superlink_address_is_refused_before_anything_starts(cons, tmp_path):
+    kit = cons.dir / "partners" / "cleveland"
+    for bad in ("127.0.0.1:99999", ":80", "[::1]", "nohost", ""):
+        out = subprocess.run([sys.executable, "-m", "sealfl.platform.cli", "partner", "start", str(kit),
+                              "--superlink", bad, "--log", str(tmp_path / "sn.log")], capture_output=True, text=True,
+                             timeout=300, cwd=tmp_path)
+        assert out.returncode == 1 and "expected HOST:PORT" in out.stderr and not out.stdout, out.stderr
+        assert not (tmp_path / "sn.log").exists()
+        out = subprocess.run([sys.executable, "-m", "sealfl.platform.cli", "campaign", "run", "-c", str(cons.dir),
+                              "-o", str(tmp_path / "camp"), "--rounds", "1", "--superlink", bad],
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 1 and "expected HOST:PORT" in out.stderr and "campaign started" not in out.stdout
+        assert not (tmp_path / "camp").exists()
+
+
 def test_kind_a_superlink_refuses_a_busy_port_and_a_state_directory_in_use(cons, tmp_path):
     import fcntl
     import os

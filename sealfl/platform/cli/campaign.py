@@ -66,6 +66,10 @@ def run(
         from sealfl.platform.progress import run_campaign_with_progress
 
         try:
+            if superlink is not None:
+                from sealfl.platform.services import parse_hostport
+
+                parse_hostport(superlink)  # before "campaign started" is printed
             if server_momentum is None:
                 server_momentum = 0.9 if server_opt.strip().lower() == "fedavgm" else 0.0
             opt = ServerOpt(server_opt, lr=server_lr, momentum=server_momentum)
@@ -124,6 +128,10 @@ def resume(
         from sealfl.server.bookkeeping import CampaignDir
 
         try:
+            if superlink is not None:
+                from sealfl.platform.services import parse_hostport
+
+                parse_hostport(superlink)
             plan = CampaignDir(out).plan_resume()
             if plan.ok:
                 console.print(plan.message, highlight=False)

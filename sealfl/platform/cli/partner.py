@@ -220,8 +220,12 @@ def start(
         from sealfl.common.procs import identity
         from sealfl.platform import flwr_cli
         from sealfl.platform.cli.output import stopped
-        from sealfl.platform.services import run_service, supernode_command
+        from sealfl.platform.services import parse_hostport, run_service, supernode_command
 
+        try:
+            parse_hostport(superlink)  # before the kit and the data load (seconds)
+        except SealflError as exc:
+            fail(str(exc))
         _sweep_private_dirs()
         me = identity()
         # mode 0700: the executor secret's directory, named by this process (a later start sweeps it after a kill -9)
