@@ -56,3 +56,9 @@ def test_kind_boot_without_a_release_runs_the_last_good_one_or_says_how_to_get_o
     assert code == 0 and doc["release"]["version"] == 3 and doc["kept_last_good"] is False
     code, doc = _cli("device", "boot", "--trust", trust_dir, "--state", tmp_path / "empty", "--tee", "sim", "--json")
     assert code != 0 and doc["ok"] is False and "device update" in doc["error"]
+
+
+def test_kind_campaign_status_and_report_json_refusals_are_one_json_object(tmp_path):
+    for cmd in (["campaign", "status"], ["campaign", "report"]):
+        code, doc = _cli(*cmd, tmp_path / "not-a-campaign", "--json")
+        assert code == 1 and doc["ok"] is False and doc["exit_code"] == 1 and "not a campaign" in doc["error"]

@@ -9,7 +9,7 @@ import typer
 
 from sealfl.common.errors import Interrupted, SealflError
 from sealfl.platform.cli.options import ConsortiumDir, RayAddress, Superlink
-from sealfl.platform.cli.output import VERBOSE, command_group, console, err, fail, stopped
+from sealfl.platform.cli.output import VERBOSE, command_group, console, err, fail, json_mode, stopped
 from sealfl.platform.supervisor import interruptible
 
 __all__ = ["app"]
@@ -174,6 +174,7 @@ def status(
 
     from sealfl.server.bookkeeping import CampaignDir
 
+    json_mode(as_json)  # a refusal is one JSON object on stdout too
     cd = CampaignDir(out)
     try:
         status_doc = cd.read_status()
@@ -255,6 +256,7 @@ def report(
 
     from sealfl.platform.report import campaign_report
 
+    json_mode(as_json)  # a refusal is one JSON object on stdout too
     try:
         rep, s = campaign_report(out, to)
     except (SealflError, OSError) as exc:
