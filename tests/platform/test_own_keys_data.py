@@ -330,3 +330,15 @@ def test_own_text_directory_for_the_causal_lm_task(tmp_path):
     with pytest.raises(CorpusError, match=r"\*\.txt"):
         load_own_text("Clinic 7", empty)
     assert math.isfinite(pt.heldout_fraction)
+
+
+def test_own_text_refusals_name_the_data_directory_and_say_to_fix_the_file(tmp_path):
+    d = tmp_path / "notes"
+    d.mkdir()
+    with pytest.raises(CorpusError, match=r"--data .*notes has no \*\.txt") as info:
+        load_own_text("Clinic 7", d)
+    assert "manual" not in str(info.value)
+    (d / "bad.txt").write_bytes(b"caf\xe9")
+    with pytest.raises(CorpusError, match="bad.txt is not UTF-8 text .*your --data directory") as info:
+        load_own_text("Clinic 7", d)
+    assert "reinstall" not in str(info.value) and "documentation" not in str(info.value)
