@@ -256,6 +256,12 @@ def _hostile(tmp_path, header, rows, kind):
         r[2][h.index("cp")] = "sometimes"
     elif kind == "bad-label":
         r[2][h.index("num")] = "7"
+    elif kind == "superscript-label":
+        r[2][h.index("num")] = "\u00b2"
+    elif kind == "other-digits":
+        r[2][h.index("age")] = "\u0666\u0663"
+    elif kind == "underscore-number":
+        r[2][h.index("age")] = "6_3"
     elif kind == "ragged":
         r[4] = r[4][:-2]
     elif kind == "one-label":
@@ -290,6 +296,9 @@ def _hostile(tmp_path, header, rows, kind):
     ("out-of-range", r"row 9, column 'age': 500 is outside \[1, 120\]"),
     ("bad-level", r"row 4 .*'cp': unknown level 'sometimes'"),
     ("bad-label", r"row 4 .*'num': '7' is not a diagnosis 0-4"),
+    ("superscript-label", r"row 4 .*'num': '\u00b2' is not a diagnosis 0-4"),
+    ("other-digits", r"row 4 .*'age': .* is not a finite number"),
+    ("underscore-number", r"row 4 .*'age': '6_3' is not a finite number"),
     ("ragged", "row 6 has"),
     ("one-label", "same label"),
     ("few-rows", "complete rows; at least 10"),

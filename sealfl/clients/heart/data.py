@@ -146,8 +146,8 @@ def _complete(row: dict[str, str]) -> bool:
 
 def _number(row: dict[str, str], col: str, line: int) -> float:
     text = row[col].strip()
-    try:
-        value = float(text)
+    try:  # a CSV number: ASCII digits only (float() also takes '6_3' and other scripts' digits)
+        value = float(text) if text.isascii() and "_" not in text else math.nan
     except ValueError:
         value = math.nan
     if not math.isfinite(value):
@@ -185,7 +185,7 @@ def _features(row: dict[str, str], line: int) -> list[float]:
 
 def _label(row: dict[str, str], line: int) -> float:
     text = row["num"].strip()
-    if not text.isdigit() or int(text) > 4:
+    if not (text.isascii() and text.isdigit()) or int(text) > 4:  # '²' is a digit to isdigit(), not to int()
         raise DataError(f"{_where(row, line)}, column 'num': {row['num']!r} is not a diagnosis 0-4")
     return float(int(text) > 0)
 
