@@ -262,6 +262,11 @@ def _hostile(tmp_path, header, rows, kind):
         r[2][h.index("age")] = "\u0666\u0663"
     elif kind == "underscore-number":
         r[2][h.index("age")] = "6_3"
+    elif kind == "long-cell":
+        r[2][h.index("cp")] = "x" * 100_000
+    elif kind == "long-column":
+        h.append("y" * 100_000)
+        r = [x + ["1"] for x in r]
     elif kind == "ragged":
         r[4] = r[4][:-2]
     elif kind == "one-label":
@@ -299,6 +304,8 @@ def _hostile(tmp_path, header, rows, kind):
     ("superscript-label", r"row 4 .*'num': '\u00b2' is not a diagnosis 0-4"),
     ("other-digits", r"row 4 .*'age': .* is not a finite number"),
     ("underscore-number", r"row 4 .*'age': '6_3' is not a finite number"),
+    ("long-cell", r"^[^\n]{0,400}'cp': unknown level 'x{40}'… \(100000 characters\); expected"),
+    ("long-column", r"^[^\n]{0,400}unknown column\(s\) \['y{40}…'\]"),
     ("ragged", "row 6 has"),
     ("one-label", "same label"),
     ("few-rows", "complete rows; at least 10"),
