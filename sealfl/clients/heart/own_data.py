@@ -113,9 +113,10 @@ def _parse(path: Path, data: bytes, seed: int, name: str) -> Partition:
     if len(rows) < MIN_ROWS:
         raise DataError(f"{path} has {len(rows)} complete rows; at least {MIN_ROWS} are needed to train and test")
     lines = [line for line, _ in rows]
-    x = np.asarray([_features(r, line) for line, r in rows], dtype=np.float32)
+    x = np.asarray([_features(r, line) for line, r in rows], dtype=np.float64)  # 1e308 stays itself until checked
     y = np.asarray([_label(r, line) for line, r in rows], dtype=np.float32)
     _check_ranges(x, lines, path)
+    x = x.astype(np.float32)  # every value is inside its feature's range now
     if len(set(y.tolist())) < 2:
         raise DataError(f"{path}: every complete row has the same label (num {'> 0' if y[0] else '= 0'}); "
                         "training needs patients with and without disease")
