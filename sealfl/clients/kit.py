@@ -57,8 +57,13 @@ _OLD_PARAMS_KEY = "ckks"
 
 
 def slug(name: str) -> str:
-    """Directory-safe form of a partner name: ``"VA Long Beach"`` -> ``"va-long-beach"``."""
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    """Directory-safe form of a partner name: ``"VA Long Beach"`` -> ``"va-long-beach"``; a
+    name with letters or digits but none of a-z, 0-9 (``"東京病院"``) -> ``"p-"`` and 12 hex
+    digits of its SHA-256; ``""`` for a name with no letter or digit at all."""
+    s = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    if not s and any(c.isalnum() for c in name):
+        return "p-" + hashlib.sha256(name.encode("utf-8")).hexdigest()[:12]
+    return s
 
 
 @dataclass(frozen=True)

@@ -66,14 +66,15 @@ MAX_CONSORTIUM_NAME = 256
 
 def check_partner_name(name: str) -> str:
     """``name`` if it is a usable partner name: 1..64 printable characters, no leading or
-    trailing space, at least one letter or digit (its kit directory is :func:`slug` of it).
+    trailing space, at least one letter or digit, in any script (its kit directory is
+    :func:`slug` of it).
     Raises ConsortiumError naming what is wrong."""
     if not isinstance(name, str) or not name or len(name) > MAX_PARTNER_NAME:
         raise ConsortiumError(f"partner name {str(name)[:80]!r}: give 1 to {MAX_PARTNER_NAME} characters")
     if not name.isprintable() or name != name.strip():
         raise ConsortiumError(f"partner name {name!r}: only printable characters, no leading/trailing spaces")
     if not slug(name):
-        raise ConsortiumError(f"partner name {name!r} has no letter or digit (a-z, 0-9) for its kit directory name")
+        raise ConsortiumError(f"partner name {name!r} has no letter or digit for its kit directory name")
     return name
 
 

@@ -192,6 +192,17 @@ def test_bad_consortium_names_are_refused_before_anything_is_written(tmp_path, n
     assert not (tmp_path / "c").exists()
 
 
+def test_partner_names_in_any_script_get_their_own_kit_directory(tmp_path):
+    # docs/partner.md: any printable name; one without a-z, 0-9 gets a stable hashed directory
+    names = ["東京病院", "Αθήνα", "Clinic 7"]
+    keys = {n: ECC.generate(curve="P-256").public_key().export_key(format="PEM").encode() for n in names}
+    cons, _ = create_consortium(tmp_path / "c", "t", names, public_keys=keys)
+    dirs = [kit_dir(cons.dir, n) for n in names]
+    assert len(set(dirs)) == 3 and all(d.is_dir() for d in dirs), dirs
+    assert dirs[0].name.startswith("p-") and dirs[0].name.isascii() and dirs[2].name == "clinic-7"
+    assert [json.loads((d / "kit.json").read_text())["partner"] for d in dirs] == names
+
+
 def test_keys_that_are_not_a_partners_public_half_are_refused(tmp_path):
     priv = ECC.generate(curve="P-256")
     with pytest.raises(ConsortiumError, match="PRIVATE key"):
