@@ -375,3 +375,24 @@ def test_own_text_refusals_name_the_data_directory_and_say_to_fix_the_file(tmp_p
     with pytest.raises(CorpusError, match="bad.txt is not UTF-8 text .*your --data directory") as info:
         load_own_text("Clinic 7", d)
     assert "reinstall" not in str(info.value) and "documentation" not in str(info.value)
+
+
+def test_names_and_messages_with_console_markup_are_printed_as_they_are(tmp_path):
+    # '[/]' in a partner's name once ended a successful 'consortium create' with rich's
+    # MarkupError (exit 1, the consortium written), and main()'s last line of defence with a traceback
+    names = ["a[/]b", "[bold red]Clinic"]
+    args = ["consortium", "create", tmp_path / "c"]
+    for i, n in enumerate(names):
+        code, msg = _cli("partner", "keygen", tmp_path / f"k{i}")
+        assert code == 0, msg
+        args += ["--partner-key", f"{n}={tmp_path / f'k{i}' / 'partner_key.pub.pem'}"]
+    code, msg = _cli(*args)
+    assert code == 0 and "partners a[/]b, [bold red]Clinic;" in msg and "MarkupError" not in msg, msg
+    header, rows = _bundled_rows("Hungary")
+    code, msg = _cli("partner", "check", kit_dir(tmp_path / "c", names[0]), "--key",
+                     tmp_path / "k0" / "partner_key.pem", "--data", _write_csv(tmp_path / "mine.csv", header, rows))
+    assert code == 0 and "partner a[/]b of consortium" in msg, msg
+    out = subprocess.run([sys.executable, "-c", "import sealfl.platform.cli as c\n"
+                          "def boom(**kw): raise RuntimeError('bad [/] thing')\n"
+                          "c.app = boom\nc.main()"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "RuntimeError: bad [/] thing" in out.stderr and "Traceback" not in out.stderr

@@ -121,5 +121,8 @@ def main() -> None:
     except Exception as exc:  # the last line of defence: no tracebacks for users
         if VERBOSE["on"]:
             raise
-        err.print(f"[bold red]error:[/] {type(exc).__name__}: {exc}\n(run with -v for the traceback)")
+        from rich.markup import escape
+
+        err.print(f"[bold red]error:[/] {type(exc).__name__}: {escape(str(exc))}\n(run with -v for the traceback)",
+                  highlight=False)
         sys.exit(1)

@@ -170,6 +170,7 @@ def status(
                                  "process: 'dead' after a kill) instead of the table."),
 ) -> None:
     """Show a campaign's status and one line per finished round (works while it runs)."""
+    from rich.markup import escape
     from rich.table import Table
 
     from sealfl.server.bookkeeping import CampaignDir
@@ -200,14 +201,14 @@ def status(
                                "rounds": rounds}))
         return
     state = f"{view.state}: {view.note}" if view.note else view.state
-    t = Table(title=f"campaign {out}: {state} (round {view.round}/{view.num_rounds})")
+    t = Table(title=escape(f"campaign {out}: {state} (round {view.round}/{view.num_rounds})"))
     for col in ("round", "pooled acc", "partners", "rejected", "MB in", "seconds"):
         t.add_column(col, justify="right" if col not in ("partners", "rejected") else "left")
     for r in rounds:
         try:
-            t.add_row(str(r["round"]), f"{float(r.get('pooled_test_accuracy', 'nan')):.3f}",
-                      ", ".join(map(str, r.get("accepted", []))),
-                      "; ".join(f"{k}: {v}" for k, v in dict(r.get("rejected") or {}).items()),
+            t.add_row(str(r["round"]), f"{float(r.get('pooled_test_accuracy', 'nan')):.3f}",  # names: as they are
+                      escape(", ".join(map(str, r.get("accepted", [])))),
+                      escape("; ".join(f"{k}: {v}" for k, v in dict(r.get("rejected") or {}).items())),
                       f"{float(r.get('ciphertext_bytes_in', 0)) / 1e6:.2f}", f"{float(r.get('round_seconds', 0)):.2f}")
         except (TypeError, ValueError):
             t.add_row(str(r["round"]), "(malformed record)", "", "", "", "")
@@ -224,10 +225,10 @@ def status(
         except (KeyError, TypeError, ValueError):
             console.print("privacy: (malformed record)")
     if view.error:
-        err.print(f"[bold red]{'stopped' if view.state == 'interrupted' else 'error'}:[/] {view.error}")
+        err.print(f"[bold red]{'stopped' if view.state == 'interrupted' else 'error'}:[/] {escape(str(view.error))}")
     if view.state not in ("finished", "running", "starting"):  # stopped: say what resume would do
         console.print(f"{plan.message}{f' (sealfl campaign resume {out} -c CONSORTIUM)' if plan.ok else ''}",
-                      highlight=False)
+                      markup=False, highlight=False)
     ray = status_doc.get("ray") if isinstance(status_doc.get("ray"), dict) else {}
     if ray:
         console.print(f"Ray: {ray.get('mode')} at {ray.get('gcs_address')}, authentication {ray.get('auth')}"

@@ -127,7 +127,12 @@ def create(
             fail(f"cannot create the consortium in {directory}: {exc.strerror or exc}"
                  f"{' (' + str(exc.filename) + ')' if exc.filename else ''}; choose a directory you can write")
         raise
-    console.print(f"consortium [bold]{name}[/] in {directory}: partners {', '.join(cons.partners)}; "
-                  f"device trust anchors in {trust_dir(cons)}; startup kits: {directory / 'superlink'}, "
-                  f"{directory / 'aggregator'}, {directory / 'partners'}/<name> (each with a README); TUF root keys "
-                  f"in {tuf_root} ('sealfl repo init REPO -c {directory}'; keep the authority directory offline)")
+    from sealfl.clients.kit import kit_dir
+
+    kits = [f"{p} -> {kit_dir(directory, p)}" for p in cons.partners[:8]]  # a kit's directory is not its name
+    more = f" and {len(cons.partners) - 8} more in {directory / 'partners'}" if len(cons.partners) > 8 else ""
+    console.print(f"consortium {name} in {directory}: partners {', '.join(cons.partners)}; "
+                  f"device trust anchors in {trust_dir(cons)}; startup kits (each with a README): "
+                  f"{directory / 'superlink'}, {directory / 'aggregator'}, partners' kits {', '.join(kits)}{more}; "
+                  f"TUF root keys in {tuf_root} ('sealfl repo init REPO -c {directory}'; keep the authority "
+                  "directory offline)", markup=False, highlight=False)  # names and paths are shown as they are

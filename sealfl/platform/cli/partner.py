@@ -45,7 +45,7 @@ def keygen(
     except OSError as exc:
         fail(f"cannot write the key into {directory}: {exc.strerror or exc}; choose a directory you can write")
     console.print(f"partner key written: {priv} (private, 0600: it never leaves this machine); send {pub} to the "
-                  "coordinator (consortium create --partner-key NAME=" + pub.name + ")", highlight=False)
+                  "coordinator (consortium create --partner-key NAME=" + pub.name + ")", markup=False, highlight=False)
 
 
 def _open(kit: Path, key: Path | None):
@@ -106,10 +106,10 @@ def check(
             loaded = task.load_data(k.partner, _data_config(task, data, k.partner))
     except (SealflError, OSError) as exc:
         fail(str(exc))
-    console.print(f"partner [bold]{k.partner}[/] of consortium {k.consortium} (task {task.name}): HE secret "
+    console.print(f"partner {k.partner} of consortium {k.consortium} (task {task.name}): HE secret "
                   f"unwrapped (context {k.codec.context_id.hex()[:16]}…, round-trip error {err_max:.1e}); "
                   f"data{' ' + str(data) if data else ' (bundled)'}: {task.n_train(loaded)} training examples",
-                  highlight=False)
+                  markup=False, highlight=False)
 
 
 def _free_port() -> int:
@@ -180,9 +180,11 @@ def _say_task(kind: str, run_id: int | None, seconds: float, error: str | None) 
 
     stamp = time.strftime("%H:%M:%S")
     if error is None:
-        console.print(f"{stamp} {kind} message of run {run_id} answered in {seconds:.2f} s", highlight=False)
+        console.print(f"{stamp} {kind} message of run {run_id} answered in {seconds:.2f} s", markup=False,
+                      highlight=False)
     else:
-        console.print(f"{stamp} {kind} message of run {run_id} refused: {plain_text(error, 300)}", highlight=False)
+        console.print(f"{stamp} {kind} message of run {run_id} refused: {plain_text(error, 300)}", markup=False,
+                      highlight=False)
 
 
 @app.command("start")
@@ -247,8 +249,8 @@ def start(
                                        on_task=_say_task).start()
             cmd = supernode_command(kit, superlink, runtime_port, executor_secret=secret_file, heartbeat_s=heartbeat)
             log_path = log_file or Path(f"supernode-{kit.resolve().name}.log")
-            console.print(f"SuperNode of [bold]{k.partner}[/] joining {superlink} (TLS, node authentication); "
-                          f"log: {log_path}", highlight=False)
+            console.print(f"SuperNode of {k.partner} joining {superlink} (TLS, node authentication); "
+                          f"log: {log_path}", markup=False, highlight=False)
             code = run_service(cmd, log_path=log_path, env=flwr_cli.flower_env(), name="flower-supernode")
         except Interrupted as exc:
             stopped(Interrupted(exc.signum, f"SuperNode of {kit.resolve().name} stopped by signal"))

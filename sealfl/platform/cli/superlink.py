@@ -96,7 +96,8 @@ def start(
             def ready() -> None:
                 names = register_supernodes(kit, home, state / "registered")
                 console.print(f"SuperLink on {host}:{port} (TLS, SuperNode authentication; state {state}); "
-                              f"{len(names)} SuperNode key(s) registered now; log: {log_path}", highlight=False)
+                              f"{len(names)} SuperNode key(s) registered now; log: {log_path}", markup=False,
+                              highlight=False)
 
             code = run_service(cmd, log_path=log_path, env=flwr_cli.flower_env(flwr_home=home),
                                ready=lambda: _accepts(connect, port), on_ready=ready)
