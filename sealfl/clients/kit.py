@@ -34,6 +34,7 @@ from pathlib import Path
 from Crypto.PublicKey import ECC
 
 from sealfl.clients.errors import KitError
+from sealfl.common.fields import Fields
 from sealfl.common.fsutil import read_capped
 from sealfl.he import codecs
 from sealfl.he.errors import CiphertextError, KeyWrapError
@@ -210,15 +211,25 @@ def _load_kit(d: Path, key_path: str | None, load_codec) -> tuple[PartnerKit, by
         secret = unwrap(wrapped, key, label)
     except KeyWrapError as exc:
         raise KitError(f"startup kit {d}: {exc} (is this partner's own private key the one given?)") from exc
+    fields = Fields(f"startup kit {d}: kit.json", lambda msg: KitError(f"{msg}; re-issue the kit"))
+    fields.object(meta, "")
+    partner = fields.get(meta, "partner", "string", max_len=256)
+    index = fields.get(meta, "index", "integer", hi=1_000_000)
+    consortium = fields.get(meta, "consortium", "string", max_len=256)
+    context_id = fields.get(meta, "context_id", "string", max_len=128)
+    task = fields.get(meta, "task", "string", default="heart-logreg", max_len=64)
+    try:
+        cid = bytes.fromhex(context_id)
+    except ValueError:
+        raise fields.fail("context_id", "must be hex digits") from None
     try:
         params = meta.get(HE_PARAMS_KEY, meta.get(_OLD_PARAMS_KEY))
-        codec = load_codec(secret, codecs.params_from_dict(params), bytes.fromhex(meta["context_id"]))
+        codec = load_codec(secret, codecs.params_from_dict(params), cid)
     except CiphertextError as exc:
         raise KitError(f"startup kit {d}: {exc}") from exc
     if not codec.has_secret_key:
         raise KitError(f"startup kit {d}: the unwrapped HE context holds no secret key")
-    kit = PartnerKit(meta["partner"], int(meta["index"]), meta["consortium"], codec, meta.get("task", "heart-logreg"),
-                     key)
+    kit = PartnerKit(partner, index, consortium, codec, task, key)
     return kit, _inputs_digest(d, key_file, key_bytes, meta_bytes, wrapped)
 
 
