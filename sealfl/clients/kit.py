@@ -202,6 +202,8 @@ def _load_kit(d: Path, key_path: str | None, load_codec) -> tuple[PartnerKit, by
         wrapped = (d / secret_file).read_bytes()
     except FileNotFoundError as exc:
         raise KitError(f"startup kit {d} is incomplete: {exc.filename} is missing; re-issue the kit") from exc
+    except OSError as exc:  # a directory or an unreadable file where a kit file belongs
+        raise KitError(f"startup kit {d}: cannot read {exc.filename}: {exc.strerror or exc}; re-issue the kit") from exc
     except (ValueError, json.JSONDecodeError) as exc:
         raise KitError(f"startup kit {d} is unreadable: {exc}") from exc
     # the directory's name is the partner's choice (a kit is copied to its machine under any name);

@@ -181,3 +181,12 @@ def test_a_damaged_kit_file_is_refused_by_field(tmp_path, edit, words):
     (kd / "kit.json").write_text("[1, 2]")
     with pytest.raises(KitError, match="kit.json: document must be an object"):
         load_kit(str(kd) + "/")
+
+
+def test_a_kit_file_that_cannot_be_read_is_named(tmp_path):
+    cons, _ = create_consortium(tmp_path / "c", "t", ["Cleveland", "Hungary"])
+    kd = kit_dir(cons.dir, "Cleveland")
+    (kd / "he_secret.wrapped").unlink()
+    (kd / "he_secret.wrapped").mkdir()  # a directory where the file belongs
+    with pytest.raises(KitError, match=r"cannot read .*he_secret.wrapped: Is a directory; re-issue the kit"):
+        load_kit(str(kd))
