@@ -34,6 +34,19 @@ def test_kind_partner_check_says_what_the_path_is_instead_of_incomplete(cons, tm
     assert code == 1 and "is a file, not a directory" in msg
 
 
+def test_kind_partner_check_refuses_a_kit_partner_start_could_not_use(cons, tmp_path):
+    import shutil
+
+    from sealfl.clients.kit import kit_dir
+
+    for missing in ("ca.crt", "supernode_auth_key"):
+        site = tmp_path / missing / "kit"
+        shutil.copytree(kit_dir(cons.dir, "Cleveland"), site)
+        (site / missing).unlink()
+        code, msg = _cli("partner", "check", site)
+        assert code == 1 and f"has no {missing}" in msg, msg
+
+
 def test_kind_a_campaign_is_never_written_into_a_directory_holding_something_else(cons, tmp_path):
     for marker, what in (("manifest.json", "a release"), ("consortium.json", "a consortium"),
                          ("notes.txt", "files that are not a campaign's")):

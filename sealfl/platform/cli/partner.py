@@ -98,6 +98,10 @@ def check(
         with err.status("partner check…") as status:
             phase("open the kit and unwrap the HE secret with the partner key")
             k = _open(kit, key)
+            from sealfl.platform.services import check_kit_files
+            from sealfl.platform.startup_kits import CA_FILE, SUPERNODE_KEY_FILE
+
+            check_kit_files(kit, [CA_FILE, SUPERNODE_KEY_FILE], "partner")  # what 'partner start' needs too
             phase("round-trip a test ciphertext")
             probe = np.array([1.25, -2.5, 3.0])
             err_max = float(np.max(np.abs(k.codec.decrypt(k.codec.encrypt(probe)) - probe)))
