@@ -9,7 +9,7 @@ import typer
 
 from sealfl.common.errors import Interrupted, SealflError
 from sealfl.platform.cli.options import ConsortiumDir, RayAddress, Superlink
-from sealfl.platform.cli.output import VERBOSE, command_group, console, err, fail, json_mode, stopped
+from sealfl.platform.cli.output import VERBOSE, command_group, console, emit_json, err, fail, json_mode, stopped
 from sealfl.platform.supervisor import interruptible
 
 __all__ = ["app"]
@@ -190,15 +190,12 @@ def status(
                   f"checkpoint is at round {view.round}: the round log is damaged (release build and audit will "
                   "refuse it); restore it from a backup")
     if as_json:
-        import json
-
         keep = ("started", "started_iso", "finished", "finished_iso", "updated", "updated_iso",
                 "server_has_secret_key", "owner")
-        typer.echo(json.dumps({"dir": str(out), "state": view.state, "note": view.note, "round": view.round,
-                               "num_rounds": view.num_rounds, "error": view.error, "resume": plan.to_dict(),
-                               "recorded_status": status_doc.get("status"),
-                               **{k: status_doc.get(k) for k in keep}, "rounds_log_complete": not damaged,
-                               "rounds": rounds}))
+        emit_json({"dir": str(out), "state": view.state, "note": view.note, "round": view.round,
+                   "num_rounds": view.num_rounds, "error": view.error, "resume": plan.to_dict(),
+                   "recorded_status": status_doc.get("status"), **{k: status_doc.get(k) for k in keep},
+                   "rounds_log_complete": not damaged, "rounds": rounds})
         return
     state = f"{view.state}: {view.note}" if view.note else view.state
     t = Table(title=escape(f"campaign {out}: {state} (round {view.round}/{view.num_rounds})"))
@@ -253,8 +250,6 @@ def report(
     """Write a campaign's report: report.html with PNG plots of accuracy and loss per round,
     per partner and pooled (perplexity for the language-model task), bytes and time per
     round, and refused replies; prints the page's path."""
-    import json
-
     from sealfl.platform.report import campaign_report
 
     json_mode(as_json)  # a refusal is one JSON object on stdout too
@@ -263,7 +258,7 @@ def report(
     except (SealflError, OSError) as exc:
         fail(str(exc))
     if as_json:
-        typer.echo(json.dumps({"html": str(rep.html), "images": [str(p) for p in rep.images], **s.to_dict()}))
+        emit_json({"html": str(rep.html), "images": [str(p) for p in rep.images], **s.to_dict()})
         return
     console.print(f"report of {len(s.rounds)} round(s): {rep.html}")
     if s.skipped:

@@ -45,11 +45,28 @@ def json_mode(on: bool) -> bool:
     return JSON_MODE["on"]
 
 
+def _strict(value):
+    """``value`` with every NaN or infinity (of a record, a metric) replaced by None: JSON has
+    no such numbers, and Python's ``NaN`` token breaks every other JSON reader."""
+    import math
+
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()  # NumPy scalars
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return value
+
+
 def emit_json(doc: dict) -> None:
-    """Print ``doc`` as one line of JSON on stdout (``--json`` output)."""
+    """Print ``doc`` as one line of strict JSON on stdout (``--json`` output; NaN and
+    infinities as null)."""
     import json
 
-    typer.echo(json.dumps(doc, ensure_ascii=False, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
+    typer.echo(json.dumps(_strict(doc), ensure_ascii=False, allow_nan=False, default=str))
 
 
 def say(message: str) -> None:
