@@ -157,3 +157,9 @@ def test_kind_partner_check_shows_each_phase_off_a_terminal_then_the_result(cons
     phases = [ln.split("] ", 1)[1] for ln in out.stderr.splitlines() if ln.startswith("[") and " s] " in ln]
     assert [p.split()[0] for p in phases] == ["open", "round-trip", "load"], out.stderr
     assert "partner Cleveland" in " ".join(out.stdout.split()) and "training examples" in out.stdout
+
+
+def test_kind_a_path_that_cannot_be_written_is_named_not_errno(cons, tmp_path):
+    (tmp_path / "afile").write_text("")
+    code, msg = _cli("campaign", "run", "-c", cons.dir, "-o", tmp_path / "afile" / "sub" / "camp", "--prepare-only")
+    assert code == 1 and "afile" in msg and "Errno" not in msg and "check that the path exists" in msg, msg

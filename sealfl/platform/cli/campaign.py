@@ -9,7 +9,17 @@ import typer
 
 from sealfl.common.errors import Interrupted, SealflError
 from sealfl.platform.cli.options import ConsortiumDir, RayAddress, Superlink
-from sealfl.platform.cli.output import VERBOSE, command_group, console, emit_json, err, fail, json_mode, stopped
+from sealfl.platform.cli.output import (
+    VERBOSE,
+    command_group,
+    console,
+    emit_json,
+    err,
+    error_text,
+    fail,
+    json_mode,
+    stopped,
+)
 from sealfl.platform.supervisor import interruptible
 
 __all__ = ["app"]
@@ -88,7 +98,7 @@ def run(
         except Interrupted as exc:
             stopped(exc)
         except (SealflError, OSError) as exc:
-            fail(str(exc))
+            fail(error_text(exc))
     acc = res.rounds[-1].get("pooled_test_accuracy") if res.rounds else None
     console.print(f"campaign finished: {len(res.rounds)} rounds in {res.seconds:.1f} s, pooled test accuracy "
                   f"{acc if acc is not None else float('nan'):.3f}; checkpoint in {out / 'checkpoint'}")
@@ -151,7 +161,7 @@ def resume(
         except Interrupted as exc:
             stopped(exc)
         except (SealflError, OSError) as exc:
-            fail(str(exc))
+            fail(error_text(exc))
     acc = res.rounds[-1].get("pooled_test_accuracy") if res.rounds else None
     if res.status.get("note"):  # the stopped run had committed every round: nothing was run again
         console.print(f"campaign finished: {res.status['note']}; pooled test accuracy "
@@ -256,7 +266,7 @@ def report(
     try:
         rep, s = campaign_report(out, to)
     except (SealflError, OSError) as exc:
-        fail(str(exc))
+        fail(error_text(exc))
     if as_json:
         emit_json({"html": str(rep.html), "images": [str(p) for p in rep.images], **s.to_dict()})
         return

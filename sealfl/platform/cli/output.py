@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from sealfl.common.errors import Interrupted
 
-__all__ = ["console", "err", "VERBOSE", "setup_logging", "say", "fail", "stopped", "command_group"]
+__all__ = ["console", "err", "VERBOSE", "setup_logging", "say", "error_text", "fail", "stopped", "command_group"]
 
 # rich assumes 80 columns when output is not a terminal (CI logs, pipes): too narrow for
 # the demo table and long paths, so use 120 there
@@ -72,6 +72,17 @@ def emit_json(doc: dict) -> None:
 def say(message: str) -> None:
     """Print one plain line on stderr (no markup, no highlighting: text from elsewhere stays as it is)."""
     err.print(message, soft_wrap=True, markup=False, highlight=False)
+
+
+def error_text(exc: BaseException) -> str:
+    """The one line a command stops with for ``exc``: a sealfl error's own message; an
+    ``OSError`` as ``PATH: reason`` and what to check (not Python's ``[Errno 2] ...``)."""
+    from sealfl.common.errors import SealflError
+
+    if isinstance(exc, OSError) and not isinstance(exc, SealflError):
+        where = f"{exc.filename}: " if exc.filename else ""
+        return f"{where}{exc.strerror or exc}; check that the path exists and that this user may read and write there"
+    return str(exc)
 
 
 def fail(msg: str, code: int = 1) -> NoReturn:

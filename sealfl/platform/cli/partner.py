@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from sealfl.common.errors import SealflError
-from sealfl.platform.cli.output import command_group, console, err, fail
+from sealfl.platform.cli.output import command_group, console, err, error_text, fail
 
 __all__ = ["app"]
 
@@ -109,7 +109,7 @@ def check(
             task = get_task(k.task)
             loaded = task.load_data(k.partner, _data_config(task, data, k.partner))
     except (SealflError, OSError) as exc:
-        fail(str(exc))
+        fail(error_text(exc))
     console.print(f"partner {k.partner} of consortium {k.consortium} (task {task.name}): HE secret "
                   f"unwrapped (context {k.codec.context_id.hex()[:16]}…, round-trip error {err_max:.1e}); "
                   f"data{' ' + str(data) if data else ' (bundled)'}: {task.n_train(loaded)} training examples",
@@ -259,7 +259,7 @@ def start(
         except Interrupted as exc:
             stopped(Interrupted(exc.signum, f"SuperNode of {kit.resolve().name} stopped by signal"))
         except (SealflError, OSError) as exc:
-            fail(str(exc))
+            fail(error_text(exc))
         finally:
             if executor is not None:
                 executor.stop(timeout_s=0)

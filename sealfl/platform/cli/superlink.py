@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from sealfl.common.errors import Interrupted, SealflError
-from sealfl.platform.cli.output import command_group, console, fail, stopped
+from sealfl.platform.cli.output import command_group, console, error_text, fail, stopped
 from sealfl.platform.supervisor import interruptible
 
 __all__ = ["app"]
@@ -104,5 +104,5 @@ def start(
         except Interrupted as exc:
             stopped(Interrupted(exc.signum, f"SuperLink on {host}:{port} stopped by signal; state kept in {state}"))
         except (SealflError, OSError) as exc:
-            fail(str(exc))
+            fail(error_text(exc))
     fail(f"flower-superlink exited {code}; see {log_path}")
