@@ -94,6 +94,14 @@ def test_kind_a_superlink_refused_for_its_kit_leaves_no_state_directory(cons, tm
     code, msg = _cli("superlink", "start", cons.dir / "superlink", "--port", free, "--state",
                      tmp_path / "afile" / "state")
     assert code == 1 and "cannot create the state directory" in msg and "Errno" not in msg, msg
+    import shutil
+
+    kit = tmp_path / "kit"
+    shutil.copytree(cons.dir / "superlink", kit)
+    (kit / "supernodes.json").write_text('{"partners": [{"name": "x", "public_key": "not a key"}]}')
+    code, msg = _cli("superlink", "start", kit, "--port", free, "--state", tmp_path / "state")
+    assert code == 1 and "partners[0] is not an OpenSSH ECDSA public key" in msg and "SuperLink on" not in msg, msg
+    assert not (tmp_path / "state").exists()
 
 
 def test_kind_a_superlink_on_a_host_it_cannot_listen_on_says_so_not_busy_port(cons, tmp_path):

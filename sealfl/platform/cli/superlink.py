@@ -78,11 +78,12 @@ def start(
     every process it started stopped)."""
     with interruptible():
         from sealfl.platform import flwr_cli
-        from sealfl.platform.services import register_supernodes, run_service, superlink_command
+        from sealfl.platform.services import register_supernodes, registered_keys, run_service, superlink_command
 
         try:
             # everything that can be refused is, before the state directory is made
             cmd = superlink_command(kit, host, port, state / "superlink.db")
+            registered_keys(kit)  # a damaged supernodes.json: refused now, not once the SuperLink runs
             _check_port_free(host, port)
             try:
                 state.mkdir(parents=True, exist_ok=True, mode=0o700)
