@@ -69,7 +69,7 @@ GROUPS = frozenset({"consortium", "superlink", "campaign", "release", "repo", "p
 
 def keep_argument_help(command: click.Command) -> click.Command:
     """Give every argument of ``command`` (and of its subcommands) the help its declaration
-    has, and return ``command``.
+    has, and each subcommand a one-line summary for the group's list; return ``command``.
 
     typer 0.20 sets an argument's ``help`` and then calls click's ``Argument.__init__``,
     which since click 8.5 takes a ``help`` of its own and resets it to None: every
@@ -82,6 +82,9 @@ def keep_argument_help(command: click.Command) -> click.Command:
     if isinstance(command, click.Group):
         for sub in command.commands.values():
             keep_argument_help(sub)
+            if sub.help and not sub.short_help:  # the group's list: the first paragraph as one line (typer's
+                # rich mode kept the docstring's line breaks there)
+                sub.short_help = " ".join(inspect.cleandoc(sub.help).split("\n\n")[0].split())
         return command
     if command.callback is None:
         return command
