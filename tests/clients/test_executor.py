@@ -39,10 +39,14 @@ def test_the_superexec_secret_must_be_long_random_bytes():
             PartnerExecutor("127.0.0.1:9", bad)
 
 
-def test_the_executor_keeps_asking_a_supernode_that_is_not_up_yet_and_stops_when_told():
-    """Nothing listens on the port (a SuperNode still starting): no crash, retries, a clean stop."""
+def test_the_executor_keeps_asking_a_supernode_that_is_not_up_yet_and_stops_when_told(caplog):
+    """Nothing listens on the port (a SuperNode still starting): no crash, retries, a clean stop,
+    and no warning (every 'partner start' begins so)."""
+    import logging
     import socket
     import time
+
+    caplog.set_level(logging.INFO, logger="sealfl.clients.executor")
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -52,6 +56,7 @@ def test_the_executor_keeps_asking_a_supernode_that_is_not_up_yet_and_stops_when
     assert ex._thread.is_alive() and ex.served == 0
     ex.stop(timeout_s=10)
     assert not ex._thread.is_alive()
+    assert [r.levelname for r in caplog.records if "not answering" in r.message] == ["INFO"]
 
 
 def _status_error(code: int):
