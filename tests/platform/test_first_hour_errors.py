@@ -171,3 +171,16 @@ def test_kind_a_path_that_cannot_be_written_is_named_not_errno(cons, tmp_path):
     (tmp_path / "afile").write_text("")
     code, msg = _cli("campaign", "run", "-c", cons.dir, "-o", tmp_path / "afile" / "sub" / "camp", "--prepare-only")
     assert code == 1 and "afile" in msg and "Errno" not in msg and "check that the path exists" in msg, msg
+
+
+def test_kind_a_superlink_nothing_answers_at_is_refused_before_the_campaign_is_written(cons, tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    for address in (f"127.0.0.1:{closed}", "nohost.invalid:9092"):
+        code, msg = _cli("campaign", "run", "-c", cons.dir, "-o", tmp_path / "camp", "--rounds", 1, "--superlink",
+                         address)
+        assert code == 1 and f"cannot use the SuperLink at {address}" in msg and "nothing was written" in msg, msg
+        assert not (tmp_path / "camp").exists()  # a retry needs no --overwrite
