@@ -184,3 +184,11 @@ def test_kind_a_superlink_nothing_answers_at_is_refused_before_the_campaign_is_w
                          address)
         assert code == 1 and f"cannot use the SuperLink at {address}" in msg and "nothing was written" in msg, msg
         assert not (tmp_path / "camp").exists()  # a retry needs no --overwrite
+
+
+def test_kind_partner_start_refuses_a_superlink_name_that_does_not_resolve(cons, tmp_path):
+    # the SuperNode would retry it silently forever
+    code, msg = _cli("partner", "start", cons.dir / "partners" / "cleveland", "--superlink", "nohost.invalid:9092",
+                     "--log", tmp_path / "sn.log")
+    assert code == 1 and "'nohost.invalid' does not resolve" in msg and "SuperNode of" not in msg, msg
+    assert not (tmp_path / "sn.log").exists()

@@ -176,6 +176,24 @@ def _sweep_private_dirs() -> None:
             continue
 
 
+def _say_reachable(host: str, port: int, superlink: str) -> None:
+    """Refuse a --superlink whose host name does not resolve (the SuperNode would retry it
+    silently forever); say so when nothing answers there yet (it keeps trying)."""
+    import socket
+
+    try:
+        with socket.create_connection((host, port), timeout=3.0):
+            return
+    except socket.gaierror as exc:
+        fail(f"--superlink {superlink}: the name {host!r} does not resolve ({exc.strerror or exc}); give the "
+             "SuperLink's address the coordinator sent (HOST:PORT)")
+    except OSError as exc:
+        from sealfl.platform.cli.output import say
+
+        say(f"nothing answers at {superlink} yet ({exc.strerror or exc}); the SuperNode keeps trying until the "
+            "SuperLink is up (Ctrl-C stops it)")
+
+
 def _say_task(kind: str, run_id: int | None, seconds: float, error: str | None) -> None:
     """One line per message answered: what, for which run, how long, refused or not."""
     import time
@@ -229,9 +247,10 @@ def start(
         from sealfl.platform.services import parse_hostport, run_service, supernode_command
 
         try:
-            parse_hostport(superlink)  # before the kit and the data load (seconds)
+            host, sl_port = parse_hostport(superlink)  # before the kit and the data load (seconds)
         except SealflError as exc:
             fail(str(exc))
+        _say_reachable(host, sl_port, superlink)
         _sweep_private_dirs()
         me = identity()
         # mode 0700: the executor secret's directory, named by this process (a later start sweeps it after a kill -9)
