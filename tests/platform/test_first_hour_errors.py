@@ -192,3 +192,20 @@ def test_kind_partner_start_refuses_a_superlink_name_that_does_not_resolve(cons,
                      "--log", tmp_path / "sn.log")
     assert code == 1 and "'nohost.invalid' does not resolve" in msg and "SuperNode of" not in msg, msg
     assert not (tmp_path / "sn.log").exists()
+
+
+def test_kind_campaign_status_shows_refusals_of_every_phase(cons, tmp_path):
+    import json
+
+    code, msg = _cli("campaign", "run", "-c", cons.dir, "-o", tmp_path / "camp", "--rounds", 2, "--prepare-only")
+    assert code == 0, msg
+    rec = {"round": 1, "accepted": ["Cleveland"], "rejected": {"Hungary": "late"},
+           "stats_rejected": {"Cleveland? (node-7)": "partner.signature: does not verify"},
+           "eval_rejected": {"Switzerland": "bad metrics"}}
+    (tmp_path / "camp" / "rounds.jsonl").write_text(json.dumps(rec) + "\n")
+    out = subprocess.run([sys.executable, "-m", "sealfl.platform.cli", "campaign", "status", str(tmp_path / "camp")],
+                         capture_output=True, text=True, timeout=300)
+    cells = " ".join(w for w in out.stdout.split() if w not in "│┃")  # the table wraps long cells
+    for words in ("statistics: Cleveland?", "(node-7): partner.signature:", "Hungary: late", "evaluation:",
+                  "Switzerland: bad"):
+        assert words in cells, out.stdout

@@ -215,7 +215,7 @@ def status(
         try:
             t.add_row(str(r["round"]), f"{float(r.get('pooled_test_accuracy', 'nan')):.3f}",  # names: as they are
                       escape(", ".join(map(str, r.get("accepted", [])))),
-                      escape("; ".join(f"{k}: {v}" for k, v in dict(r.get("rejected") or {}).items())),
+                      escape(_refusals(r)),
                       f"{float(r.get('ciphertext_bytes_in', 0)) / 1e6:.2f}", f"{float(r.get('round_seconds', 0)):.2f}")
         except (TypeError, ValueError):
             t.add_row(str(r["round"]), "(malformed record)", "", "", "", "")
@@ -248,6 +248,16 @@ def status(
         console.print(f"server optimizer: {campaign_server_opt(out, missing_ok=False).describe()}")
     except ServerOptError as exc:
         console.print(f"server optimizer: unknown ({exc})")
+
+
+def _refusals(rec: dict) -> str:
+    """Every refused reply of a round record, its phase named unless it is the train reply:
+    the statistics query (``stats_rejected``, e.g. a reply signed by another partner's key)
+    and the evaluation (``eval_rejected``) as well as the update (``rejected``)."""
+    out = []
+    for key, phase in (("stats_rejected", "statistics: "), ("rejected", ""), ("eval_rejected", "evaluation: ")):
+        out += [f"{phase}{k}: {v}" for k, v in dict(rec.get(key) or {}).items()]
+    return "; ".join(out)
 
 
 @app.command("report")
