@@ -142,9 +142,12 @@ def resume(
                 from sealfl.platform.services import parse_hostport
 
                 parse_hostport(superlink)
-            plan = CampaignDir(out).plan_resume()
-            if plan.ok:
-                console.print(plan.message, highlight=False)
+            from sealfl.platform.consortium import Consortium
+
+            plan = CampaignDir(out).plan_resume(Consortium.load(consortium).context_id)
+            if not plan.ok:  # refused before anything is announced (another consortium, finished, running)
+                fail(f"{out}: {plan.message}")
+            console.print(plan.message, markup=False, highlight=False)
             with Progress(TextColumn("[bold]encrypted rounds"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                           TextColumn("{task.description}"), console=console, transient=False) as bar:
                 task = bar.add_task("resuming: statistics round…", total=plan.num_rounds or 1,
