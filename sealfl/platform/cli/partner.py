@@ -289,4 +289,4 @@ def start(
         why = supernode_refusal(log_path.read_text(errors="replace"))
     except OSError:
         why = "its log is unreadable"
-    fail(f"SuperNode of {kit.resolve().name} stopped (flower-supernode exit {code}): {why}; log: {log_path}")
+    fail(f"SuperNode of {k.partner} ({kit}) stopped (flower-supernode exit {code}): {why}; log: {log_path}")
