@@ -396,3 +396,13 @@ def test_names_and_messages_with_console_markup_are_printed_as_they_are(tmp_path
                           "def boom(**kw): raise RuntimeError('bad [/] thing')\n"
                           "c.app = boom\nc.main()"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "RuntimeError: bad [/] thing" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_missing_partner_public_key_is_named_without_errno(tmp_path):
+    from sealfl.platform.partner_keys import partner_public_keys
+
+    cons, _ = create_consortium(tmp_path / "c", "t", ["Cleveland", "Hungary"])
+    (kit_dir(cons.dir, "Hungary") / "partner_key.pub.pem").unlink()
+    with pytest.raises(ConsortiumError, match=r"partner 'Hungary' .*: No such file or directory; ask the partner") as info:
+        partner_public_keys(cons)
+    assert "Errno" not in str(info.value)
