@@ -173,7 +173,8 @@ def _coded(row: dict[str, str], col: str, codes: dict[str, float], line: int) ->
 def _level(row: dict[str, str], col: str, levels: tuple[str, ...], line: int) -> str:
     key = row[col].strip().lower()
     if key not in levels:
-        raise DataError(f"{_where(row, line)}, column {col!r}: unknown level {_shown(row[col])}; expected one of {list(levels)}")
+        raise DataError(f"{_where(row, line)}, column {col!r}: unknown level {_shown(row[col])}; expected one of "
+                        f"{list(levels)}")
     return key
 
 

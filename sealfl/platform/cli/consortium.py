@@ -73,7 +73,8 @@ def create(
                                                     help="NAME=PUB.pem (repeat): a partner that made its key on its "
                                                          "own machine ('sealfl partner keygen') and sent only the "
                                                          "public half; its kit is wrapped to that key and it brings "
-                                                         "its own data (any printable name with a letter or digit, at most 64 characters)."),
+                                                         "its own data (any printable name with a letter or digit, "
+                                                         "at most 64 characters)."),
     superlink_host: Optional[list[str]] = typer.Option(None, "--superlink-host",
                                                        help="Name or IP address partners reach the SuperLink at "
                                                             "(repeat; the TLS certificate's SAN). Default: 127.0.0.1 "
