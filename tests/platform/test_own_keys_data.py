@@ -406,3 +406,42 @@ def test_a_missing_partner_public_key_is_named_without_errno(tmp_path):
     with pytest.raises(ConsortiumError, match=r"partner 'Hungary' .*: No such file or directory; ask the partner") as info:
         partner_public_keys(cons)
     assert "Errno" not in str(info.value)
+
+
+def test_kind_a_fifo_or_device_where_a_key_or_data_file_belongs_is_refused_at_once(world, tmp_path):
+    """A FIFO would block a plain open() until a writer came (forever): every key and data
+    path is opened without blocking and must be a regular file."""
+    import os
+
+    root, cons, homes = world
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    code, msg = _cli("consortium", "create", tmp_path / "c2", "--partner-key", f"Nord={fifo}")
+    assert code == 1 and "not a regular file" in msg and "Nord" in msg and not (tmp_path / "c2").exists(), msg
+    mine = tmp_path / "m" / kit_dir(cons, OWN[0]).name
+    shutil.copytree(kit_dir(cons, OWN[0]), mine)
+    key = homes[OWN[0]] / "keys" / "partner_key.pem"
+    for args in (["--key", fifo], ["--key", "/dev/zero"], ["--key", key, "--data", fifo]):
+        code, msg = _cli("partner", "check", mine, *args)
+        assert code == 1 and "not a regular file" in msg, (args, msg)
+
+
+def test_read_capped_refuses_what_is_not_a_regular_file_unless_asked_to_read_a_pipe(tmp_path):
+    import os
+
+    from sealfl.common.fsutil import read_capped
+
+    (tmp_path / "f").write_bytes(b"x" * 10)
+    assert read_capped(tmp_path / "f", 4) == b"xxxxx"
+    os.symlink(tmp_path / "f", tmp_path / "link")
+    assert read_capped(tmp_path / "link", 100) == b"x" * 10  # a link to a file is that file
+    with pytest.raises(IsADirectoryError):
+        read_capped(tmp_path, 4)
+    os.mkfifo(tmp_path / "p")
+    with pytest.raises(OSError, match="not a regular file"):
+        read_capped(tmp_path / "p", 4)
+    r, w = os.pipe()
+    os.write(w, b"abc")
+    os.close(w)
+    assert read_capped(f"/dev/fd/{r}", 10, regular_only=False) == b"abc"  # --input <(...)
+    os.close(r)
