@@ -241,7 +241,9 @@ class PartnerExecutor:
                     failures = 0
                 except Exception as exc:  # noqa: BLE001 - the SuperNode starting, restarting or gone
                     failures += 1
-                    if failures in (1, 20) or failures % 600 == 0:
+                    if failures == 1:  # expected while the SuperNode starts: no warning for that
+                        log.info("SuperNode Runtime API at %s not answering yet (%s); retrying", self.address, exc)
+                    elif failures == 20 or failures % 600 == 0:  # ~10 s, then every ~10 min
                         log.warning("SuperNode Runtime API at %s not answering (%s); retrying", self.address, exc)
                     self._stop.wait(min(1.0, 0.05 * failures))
                     continue

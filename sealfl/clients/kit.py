@@ -34,6 +34,7 @@ from pathlib import Path
 from Crypto.PublicKey import ECC
 
 from sealfl.clients.errors import KitError
+from sealfl.common.fields import Fields
 from sealfl.common.fsutil import read_capped
 from sealfl.he import codecs
 from sealfl.he.errors import CiphertextError, KeyWrapError
@@ -57,8 +58,13 @@ _OLD_PARAMS_KEY = "ckks"
 
 
 def slug(name: str) -> str:
-    """Directory-safe form of a partner name: ``"VA Long Beach"`` -> ``"va-long-beach"``."""
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    """Directory-safe form of a partner name: ``"VA Long Beach"`` -> ``"va-long-beach"``; a
+    name with letters or digits but none of a-z, 0-9 (``"東京病院"``) -> ``"p-"`` and 12 hex
+    digits of its SHA-256; ``""`` for a name with no letter or digit at all."""
+    s = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    if not s and any(c.isalnum() for c in name):
+        return "p-" + hashlib.sha256(name.encode("utf-8")).hexdigest()[:12]
+    return s
 
 
 @dataclass(frozen=True)
@@ -196,6 +202,8 @@ def _load_kit(d: Path, key_path: str | None, load_codec) -> tuple[PartnerKit, by
         wrapped = (d / secret_file).read_bytes()
     except FileNotFoundError as exc:
         raise KitError(f"startup kit {d} is incomplete: {exc.filename} is missing; re-issue the kit") from exc
+    except OSError as exc:  # a directory or an unreadable file where a kit file belongs
+        raise KitError(f"startup kit {d}: cannot read {exc.filename}: {exc.strerror or exc}; re-issue the kit") from exc
     except (ValueError, json.JSONDecodeError) as exc:
         raise KitError(f"startup kit {d} is unreadable: {exc}") from exc
     # the directory's name is the partner's choice (a kit is copied to its machine under any name);
@@ -205,15 +213,25 @@ def _load_kit(d: Path, key_path: str | None, load_codec) -> tuple[PartnerKit, by
         secret = unwrap(wrapped, key, label)
     except KeyWrapError as exc:
         raise KitError(f"startup kit {d}: {exc} (is this partner's own private key the one given?)") from exc
+    fields = Fields(f"startup kit {d}: kit.json", lambda msg: KitError(f"{msg}; re-issue the kit"))
+    fields.object(meta, "")
+    partner = fields.get(meta, "partner", "string", max_len=256)
+    index = fields.get(meta, "index", "integer", hi=1_000_000)
+    consortium = fields.get(meta, "consortium", "string", max_len=256)
+    context_id = fields.get(meta, "context_id", "string", max_len=128)
+    task = fields.get(meta, "task", "string", default="heart-logreg", max_len=64)
+    try:
+        cid = bytes.fromhex(context_id)
+    except ValueError:
+        raise fields.fail("context_id", "must be hex digits") from None
     try:
         params = meta.get(HE_PARAMS_KEY, meta.get(_OLD_PARAMS_KEY))
-        codec = load_codec(secret, codecs.params_from_dict(params), bytes.fromhex(meta["context_id"]))
+        codec = load_codec(secret, codecs.params_from_dict(params), cid)
     except CiphertextError as exc:
         raise KitError(f"startup kit {d}: {exc}") from exc
     if not codec.has_secret_key:
         raise KitError(f"startup kit {d}: the unwrapped HE context holds no secret key")
-    kit = PartnerKit(meta["partner"], int(meta["index"]), meta["consortium"], codec, meta.get("task", "heart-logreg"),
-                     key)
+    kit = PartnerKit(partner, index, consortium, codec, task, key)
     return kit, _inputs_digest(d, key_file, key_bytes, meta_bytes, wrapped)
 
 

@@ -7,7 +7,9 @@ checkpoints, trust anchors, policies) goes through :func:`atomic_write`, so a cr
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -54,15 +56,34 @@ def atomic_write(path: str | os.PathLike, data: bytes, mode: int = 0o600, *,
         os.close(dfd)
 
 
-def read_capped(path: str | os.PathLike, cap: int) -> bytes:
+def read_capped(path: str | os.PathLike, cap: int, *, regular_only: bool = True) -> bytes:
     """At most ``cap + 1`` bytes of the file ``path``: a caller refuses ``len(data) > cap``
     without reading the rest of a hostile or damaged file.
 
+    With ``regular_only`` (the default) ``path`` must be a regular file (symbolic links to
+    one are followed): a FIFO, a device or a socket is refused at once -- opened without
+    blocking and checked with ``fstat``, where a plain ``open`` of a FIFO waits for a writer
+    forever. ``regular_only=False`` reads a pipe too (``--input <(...)``).
+
     Raises:
-        OSError: the file cannot be opened or read.
+        OSError: the file cannot be opened or read; ``IsADirectoryError`` for a directory,
+            ``OSError(EINVAL)`` ("not a regular file ...") for a FIFO, device or socket.
     """
-    with open(path, "rb") as fh:
-        return fh.read(cap + 1)
+    if not regular_only:
+        with open(path, "rb") as fh:
+            return fh.read(cap + 1)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", str(path))
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, "not a regular file (a FIFO, device or socket); give a file", str(path))
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            return fh.read(cap + 1)
+    finally:
+        os.close(fd)
 
 
 def ensure_private_dir(path: str | os.PathLike) -> Path:

@@ -48,7 +48,7 @@ from sealfl.he.kit_wrap import wrap
 from sealfl.platform.errors import ConsortiumError
 
 __all__ = ["Consortium", "create_consortium", "PUBLIC_CONTEXT_FILE", "OLD_NAMES", "check_partner_name",
-           "parse_public_key", "MAX_PARTNER_NAME"]
+           "parse_public_key", "MAX_PARTNER_NAME", "check_consortium_name", "MAX_CONSORTIUM_NAME"]
 
 log = logging.getLogger(__name__)
 
@@ -60,18 +60,32 @@ OLD_NAMES = {PUBLIC_CONTEXT_FILE: "aggregator/public.ckks", HE_PARAMS_KEY: "ckks
 _MAX_FILE = 1 << 20
 #: the longest partner name accepted (characters)
 MAX_PARTNER_NAME = 64
+#: the longest consortium name accepted (characters; what :meth:`Consortium.load` reads)
+MAX_CONSORTIUM_NAME = 256
 
 
 def check_partner_name(name: str) -> str:
     """``name`` if it is a usable partner name: 1..64 printable characters, no leading or
-    trailing space, at least one letter or digit (its kit directory is :func:`slug` of it).
+    trailing space, at least one letter or digit, in any script (its kit directory is
+    :func:`slug` of it).
     Raises ConsortiumError naming what is wrong."""
     if not isinstance(name, str) or not name or len(name) > MAX_PARTNER_NAME:
         raise ConsortiumError(f"partner name {str(name)[:80]!r}: give 1 to {MAX_PARTNER_NAME} characters")
     if not name.isprintable() or name != name.strip():
         raise ConsortiumError(f"partner name {name!r}: only printable characters, no leading/trailing spaces")
     if not slug(name):
-        raise ConsortiumError(f"partner name {name!r} has no letter or digit (a-z, 0-9) for its kit directory name")
+        raise ConsortiumError(f"partner name {name!r} has no letter or digit for its kit directory name")
+    return name
+
+
+def check_consortium_name(name: str) -> str:
+    """``name`` if it is a usable consortium name: 1..:data:`MAX_CONSORTIUM_NAME` printable
+    characters (what :meth:`Consortium.load` reads back). Raises ConsortiumError naming what
+    is wrong."""
+    if not isinstance(name, str) or not name or len(name) > MAX_CONSORTIUM_NAME:
+        raise ConsortiumError(f"consortium name {str(name)[:80]!r}: give 1 to {MAX_CONSORTIUM_NAME} characters")
+    if not name.isprintable():
+        raise ConsortiumError(f"consortium name {name!r}: only printable characters")
     return name
 
 
@@ -144,7 +158,7 @@ class Consortium:
         fields = Fields(str(path), ConsortiumError)
         meta = parse_object(data, fields, "restore it or create the consortium again")
         key = HE_PARAMS_KEY if HE_PARAMS_KEY in meta else OLD_NAMES[HE_PARAMS_KEY]
-        name = fields.get(meta, "name", "string", max_len=256)
+        name = fields.get(meta, "name", "string", max_len=MAX_CONSORTIUM_NAME)
         partners = fields.get(meta, "partners", "array", nonempty=True, max_len=10_000)
         for i, p in enumerate(partners):
             fields.string(p, f"partners[{i}]", max_len=256)
@@ -166,8 +180,9 @@ def create_consortium(d: str | Path, name: str, partners: list[str], *, params: 
     ``params`` picks the HE scheme (:mod:`sealfl.he.codecs`; default packed BFV).
     Returns the loaded :class:`Consortium` and the SECRET codec (so the caller can seal it
     into the release enclave; drop it afterwards).
-    Raises ConsortiumError if ``d`` is not empty, partner names collide (also after
-    mapping to directory names), ``task`` is not a registered task
+    Raises ConsortiumError if ``name`` is not 1..256 printable characters, ``d`` is not
+    empty, partner names collide (also after mapping to directory names), two partners were
+    given the same public key, ``task`` is not a registered task
     (:mod:`sealfl.clients.plugins`), a partner has no data for it, or a narrow BFV packing
     (``params.pack_bits`` < 27) is asked for more than 64 partners.
 
@@ -183,6 +198,7 @@ def create_consortium(d: str | Path, name: str, partners: list[str], *, params: 
 
     superlink_hosts = tuple(superlink_hosts or DEFAULT_SUPERLINK_HOSTS)
     san_entries(superlink_hosts)
+    check_consortium_name(name)
     d = Path(d)
     if (d / CONSORTIUM_FILE).exists():
         raise ConsortiumError(f"{d} already holds a consortium; choose another directory")
@@ -204,6 +220,12 @@ def create_consortium(d: str | Path, name: str, partners: list[str], *, params: 
     slugs = [slug(p) for p in partners]
     if len(set(slugs)) != len(slugs) or "" in slugs:
         raise ConsortiumError(f"partner names must map to distinct directory names, got {dict(zip(partners, slugs))}")
+    holders: dict[bytes, str] = {}
+    for p, key in given.items():
+        other = holders.setdefault(key.export_key(format="DER"), p)
+        if other != p:  # one private key would open both kits and sign for both partners
+            raise ConsortiumError(f"partners {other!r} and {p!r} were given the same public key; each partner "
+                                  "sends the partner_key.pub.pem of its own 'sealfl partner keygen'")
     try:
         the_task = get_task(task)
     except ClientError as exc:

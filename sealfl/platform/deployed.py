@@ -29,7 +29,7 @@ from sealfl.platform.startup_kits import CA_FILE
 
 log = logging.getLogger(__name__)
 
-__all__ = ["run_deployed_campaign", "stop_previous_run", "RUN_DIR"]
+__all__ = ["run_deployed_campaign", "stop_previous_run", "check_superlink", "RUN_DIR"]
 
 #: inside the campaign directory: the app directory and FLWR_HOME of the submission
 RUN_DIR = "flwr"
@@ -46,6 +46,34 @@ def run_state(doc: dict, run_id: int) -> tuple[str, str]:
     raise DeploymentError(f"the SuperLink does not list run {run_id}")
 
 
+def check_superlink(address: str, consortium_dir: Path) -> None:
+    """Ask the SuperLink at ``address`` for its runs (``flwr ls``, TLS checked against the
+    aggregator kit's ``ca.crt``) before a campaign directory is written or changed, as an
+    unreachable Ray cluster is refused before a simulated campaign starts.
+
+    Raises:
+        CampaignError: the aggregator kit has no ``ca.crt``.
+        DeploymentError: nothing answers there, or it is not this consortium's SuperLink.
+    """
+    import tempfile
+
+    from sealfl.platform.services import parse_hostport
+
+    parse_hostport(address)
+    ca = Path(consortium_dir) / "aggregator" / CA_FILE
+    if not ca.is_file():
+        raise CampaignError(f"the aggregator kit has no {CA_FILE} ({ca}); create the consortium with this sealfl "
+                            "version ('sealfl consortium create')")
+    with tempfile.TemporaryDirectory(prefix="sealfl-superlink-check-") as tmp:
+        home = flwr_cli.write_flwr_home(Path(tmp) / "home", address, ca)
+        try:
+            flwr_cli.flwr_json(["ls", flwr_cli.CONNECTION], home)
+        except DeploymentError as exc:
+            raise DeploymentError(f"cannot use the SuperLink at {address}: {exc}; check --superlink and that "
+                                  "'sealfl superlink start' of this consortium runs there (nothing was "
+                                  "written)") from exc
+
+
 def run_deployed_campaign(spec, on_round: Callable[[dict], None] | None = None, prepared=None):
     """Run ``spec`` (a :class:`~sealfl.platform.campaign.CampaignSpec` with ``superlink``)
     on the SuperLink to the end. Returns a :class:`~sealfl.platform.campaign.CampaignResult`.
@@ -60,6 +88,11 @@ def run_deployed_campaign(spec, on_round: Callable[[dict], None] | None = None, 
     from sealfl.platform.supervisor import requested
 
     parse_hostport(spec.superlink)
+    if prepared is None:  # settings, then the SuperLink, before the campaign directory is written
+        from sealfl.platform.campaign import preflight
+
+        preflight(spec)
+        check_superlink(spec.superlink, Path(spec.consortium_dir))
     cons, cd = prepared if prepared is not None else prepare_campaign(spec)
     ca = cons.dir / "aggregator" / CA_FILE
     if not ca.is_file():

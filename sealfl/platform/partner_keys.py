@@ -32,8 +32,8 @@ def partner_public_keys(cons: Consortium) -> dict[str, str]:
         try:
             pem = read_capped(path, MAX_PEM_BYTES)
         except OSError as exc:
-            raise ConsortiumError(f"cannot read the public key of partner {partner!r} ({path}): {exc}; "
-                                  "ask the partner for its partner_key.pub.pem") from exc
+            raise ConsortiumError(f"cannot read the public key of partner {partner!r} ({path}): "
+                                  f"{exc.strerror or exc}; ask the partner for its partner_key.pub.pem") from exc
         if len(pem) > MAX_PEM_BYTES:
             raise ConsortiumError(f"{path} is larger than {MAX_PEM_BYTES} bytes; not a public key file")
         try:

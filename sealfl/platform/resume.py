@@ -75,6 +75,10 @@ def resume_campaign(campaign_dir: str | Path, consortium_dir: str | Path, *, ray
         raise CampaignError(f"cannot resume {campaign_dir}: server_config.json asks for {config.num_rounds} rounds, "
                             f"status.json for {plan.num_rounds}; the directory was edited")
     ray = plan_ray(ray_address, cpus_per_partner) if not superlink else None
+    if superlink:  # reachable and this consortium's, before anything of the campaign changes
+        from sealfl.platform.deployed import check_superlink
+
+        check_superlink(superlink, cons.dir)
     if requested():
         raise Interrupted(requested(), f"resume stopped by {signal_name(requested())} before it started; "
                                        f"{campaign_dir} is unchanged")

@@ -40,18 +40,36 @@ def test_the_superexec_secret_must_be_long_random_bytes():
 
 
 def test_the_executor_keeps_asking_a_supernode_that_is_not_up_yet_and_stops_when_told():
-    """Nothing listens on the port (a SuperNode still starting): no crash, retries, a clean stop."""
+    """Nothing listens on the port (a SuperNode still starting): no crash, retries, a clean stop,
+    and no warning (every 'partner start' begins so)."""
+    import logging
     import socket
     import time
+
+    levels: list[str] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = lambda r: levels.append(r.levelname) if "not answering" in r.getMessage() else None
+    logger = logging.getLogger("sealfl.clients.executor")
+    old_level, old_disabled = logger.level, logger.disabled
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.disabled = False
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: nothing answers there
     ex = PartnerExecutor(f"127.0.0.1:{port}", b"k" * 32).start()
     time.sleep(0.5)
+    deadline = time.monotonic() + 20
+    while not levels and time.monotonic() < deadline:  # the first try (flwr's imports first) can take a while
+        time.sleep(0.05)
     assert ex._thread.is_alive() and ex.served == 0
     ex.stop(timeout_s=10)
+    logger.removeHandler(handler)
+    logger.setLevel(old_level)
+    logger.disabled = old_disabled
     assert not ex._thread.is_alive()
+    assert levels == ["INFO"]
 
 
 def _status_error(code: int):

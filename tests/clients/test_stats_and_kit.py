@@ -159,3 +159,34 @@ def test_a_damaged_consortium_file_is_refused_by_field(tmp_path, content, words)
     (tmp_path / "consortium.json").write_bytes(content)
     with pytest.raises(ConsortiumError, match=words):
         Consortium.load(tmp_path)
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda m: m.pop("partner"), "field 'partner' is missing"),
+    (lambda m: m.update(index="x"), "field 'index' must be an integer, got string 'x'"),
+    (lambda m: m.update(partner=None), "field 'partner' must be a string, got null"),
+    (lambda m: m.update(context_id="zz"), "field 'context_id' must be hex digits"),
+    (lambda m: m.clear() or m.update(x=[1]), "field 'partner' is missing"),
+])
+def test_a_damaged_kit_file_is_refused_by_field(tmp_path, edit, words):
+    import json
+
+    cons, _ = create_consortium(tmp_path / "c", "t", ["Cleveland", "Hungary"])
+    kd = kit_dir(cons.dir, "Cleveland")
+    meta = json.loads((kd / "kit.json").read_text())
+    edit(meta)
+    (kd / "kit.json").write_text(json.dumps(meta))
+    with pytest.raises(KitError, match=f"kit.json: {words}.*re-issue the kit"):
+        load_kit(str(kd))
+    (kd / "kit.json").write_text("[1, 2]")
+    with pytest.raises(KitError, match="kit.json: document must be an object"):
+        load_kit(str(kd) + "/")
+
+
+def test_a_kit_file_that_cannot_be_read_is_named(tmp_path):
+    cons, _ = create_consortium(tmp_path / "c", "t", ["Cleveland", "Hungary"])
+    kd = kit_dir(cons.dir, "Cleveland")
+    (kd / "he_secret.wrapped").unlink()
+    (kd / "he_secret.wrapped").mkdir()  # a directory where the file belongs
+    with pytest.raises(KitError, match=r"cannot read .*he_secret.wrapped: Is a directory; re-issue the kit"):
+        load_kit(str(kd))

@@ -56,3 +56,30 @@ def test_kind_boot_without_a_release_runs_the_last_good_one_or_says_how_to_get_o
     assert code == 0 and doc["release"]["version"] == 3 and doc["kept_last_good"] is False
     code, doc = _cli("device", "boot", "--trust", trust_dir, "--state", tmp_path / "empty", "--tee", "sim", "--json")
     assert code != 0 and doc["ok"] is False and "device update" in doc["error"]
+
+
+def test_kind_campaign_status_and_report_json_refusals_are_one_json_object(tmp_path):
+    for cmd in (["campaign", "status"], ["campaign", "report"]):
+        code, doc = _cli(*cmd, tmp_path / "not-a-campaign", "--json")
+        assert code == 1 and doc["ok"] is False and doc["exit_code"] == 1 and "not a campaign" in doc["error"]
+
+
+def test_kind_campaign_status_json_is_strict_json_even_with_nan_in_the_round_log(tmp_path):
+    from sealfl.clients.heart.data import HOSPITALS
+    from sealfl.platform.consortium import create_consortium
+
+    cons, _ = create_consortium(tmp_path / "c", "heart", list(HOSPITALS))
+    out = subprocess.run([sys.executable, "-m", "sealfl.platform.cli", "campaign", "run", "-c", str(cons.dir), "-o",
+                          str(tmp_path / "camp"), "--rounds", "2", "--prepare-only"], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    # Python's json writes NaN for a metric nobody could compute; JSON has no such token
+    (tmp_path / "camp" / "rounds.jsonl").write_text('{"round": 1, "pooled_test_accuracy": NaN, "loss": Infinity}\n')
+    out = subprocess.run([sys.executable, "-m", "sealfl.platform.cli", "campaign", "status", str(tmp_path / "camp"),
+                          "--json"], capture_output=True, text=True, timeout=300)
+
+    def refuse(token):
+        raise ValueError(f"not JSON: {token}")
+
+    doc = json.loads(out.stdout, parse_constant=refuse)
+    assert doc["rounds"] == [{"round": 1, "pooled_test_accuracy": None, "loss": None}]

@@ -14,6 +14,7 @@ import math
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -163,6 +164,16 @@ def test_partner_check_with_its_key_and_its_own_csv(world, tmp_path):
     assert code == 1 and "row 6" in msg and "'age'" in msg and "not a finite number" in msg
 
 
+def test_a_partner_with_its_own_key_and_no_data_is_told_to_give_data(world, tmp_path):
+    root, cons, homes = world
+    mine = tmp_path / "m" / kit_dir(cons, OWN[1]).name
+    shutil.copytree(kit_dir(cons, OWN[1]), mine)
+    for cmd in (["check"], ["start", "--superlink", "127.0.0.1:9"]):
+        code, msg = _cli("partner", *cmd, mine, "--key", homes[OWN[1]] / "keys" / "partner_key.pem", cwd=tmp_path)
+        assert code == 1 and f"partner '{OWN[1]}' has no bundled demo data" in msg and "--data PATH" in msg, msg
+        assert "unknown hospital" not in msg and "SuperNode of" not in msg
+
+
 @pytest.mark.parametrize("name, why", [
     ("bell\x07name", "printable"), ("x" * 65, "1 to 64"), (" Padded", "leading/trailing"), ("---", "letter or digit"),
 ])
@@ -171,6 +182,25 @@ def test_bad_partner_names_are_refused_before_anything_is_written(tmp_path, name
     with pytest.raises(ConsortiumError, match=why):
         create_consortium(tmp_path / "c", "t", ["Cleveland", name], public_keys={name: pub})
     assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("name, why", [("", "1 to 256"), ("n" * 257, "1 to 256"), ("two\nlines", "printable")])
+def test_bad_consortium_names_are_refused_before_anything_is_written(tmp_path, name, why):
+    # a name Consortium.load would refuse to read back must not get as far as the key ceremony
+    with pytest.raises(ConsortiumError, match=why):
+        create_consortium(tmp_path / "c", name, ["Cleveland", "Hungary"])
+    assert not (tmp_path / "c").exists()
+
+
+def test_partner_names_in_any_script_get_their_own_kit_directory(tmp_path):
+    # docs/partner.md: any printable name; one without a-z, 0-9 gets a stable hashed directory
+    names = ["東京病院", "Αθήνα", "Clinic 7"]
+    keys = {n: ECC.generate(curve="P-256").public_key().export_key(format="PEM").encode() for n in names}
+    cons, _ = create_consortium(tmp_path / "c", "t", names, public_keys=keys)
+    dirs = [kit_dir(cons.dir, n) for n in names]
+    assert len(set(dirs)) == 3 and all(d.is_dir() for d in dirs), dirs
+    assert dirs[0].name.startswith("p-") and dirs[0].name.isascii() and dirs[2].name == "clinic-7"
+    assert [json.loads((d / "kit.json").read_text())["partner"] for d in dirs] == names
 
 
 def test_keys_that_are_not_a_partners_public_half_are_refused(tmp_path):
@@ -186,6 +216,9 @@ def test_keys_that_are_not_a_partners_public_half_are_refused(tmp_path):
     pub = priv.public_key().export_key(format="PEM").encode()
     with pytest.raises(ConsortiumError, match="distinct directory names"):
         create_consortium(tmp_path / "d", "t", ["Site A", "site-a"], public_keys={"Site A": pub, "site-a": pub})
+    with pytest.raises(ConsortiumError, match="'A' and 'B' were given the same public key"):
+        create_consortium(tmp_path / "f", "t", ["A", "B"], public_keys={"A": pub, "B": pub})
+    assert not (tmp_path / "f").exists()
     with pytest.raises(ConsortiumError, match="unknown partner"):  # a -p partner without data, as before
         create_consortium(tmp_path / "e", "t", ["Nowhere", "Cleveland"])
 
@@ -235,6 +268,19 @@ def _hostile(tmp_path, header, rows, kind):
         r[2][h.index("cp")] = "sometimes"
     elif kind == "bad-label":
         r[2][h.index("num")] = "7"
+    elif kind == "superscript-label":
+        r[2][h.index("num")] = "\u00b2"
+    elif kind == "other-digits":
+        r[2][h.index("age")] = "\u0666\u0663"
+    elif kind == "underscore-number":
+        r[2][h.index("age")] = "6_3"
+    elif kind == "float32-overflow":
+        r[7][h.index("chol")] = "1e308"
+    elif kind == "long-cell":
+        r[2][h.index("cp")] = "x" * 100_000
+    elif kind == "long-column":
+        h.append("y" * 100_000)
+        r = [x + ["1"] for x in r]
     elif kind == "ragged":
         r[4] = r[4][:-2]
     elif kind == "one-label":
@@ -269,6 +315,12 @@ def _hostile(tmp_path, header, rows, kind):
     ("out-of-range", r"row 9, column 'age': 500 is outside \[1, 120\]"),
     ("bad-level", r"row 4 .*'cp': unknown level 'sometimes'"),
     ("bad-label", r"row 4 .*'num': '7' is not a diagnosis 0-4"),
+    ("superscript-label", r"row 4 .*'num': '\u00b2' is not a diagnosis 0-4"),
+    ("other-digits", r"row 4 .*'age': .* is not a finite number"),
+    ("underscore-number", r"row 4 .*'age': '6_3' is not a finite number"),
+    ("float32-overflow", r"row 9, column 'chol': 1e\+308 is outside \[50, 1000\]"),
+    ("long-cell", r"^[^\n]{0,400}'cp': unknown level 'x{40}'… \(100000 characters\); expected"),
+    ("long-column", r"^[^\n]{0,400}unknown column\(s\) \['y{40}…'\]"),
     ("ragged", "row 6 has"),
     ("one-label", "same label"),
     ("few-rows", "complete rows; at least 10"),
@@ -280,8 +332,10 @@ def test_hostile_csvs_are_refused_naming_what_is_wrong(tmp_path, kind, match):
     header, rows = _bundled_rows("Cleveland")
     rows = [r for r in rows if "" not in r[:12] and "NA" not in r[:12]][:60]  # complete rows: line numbers stay put
     task = get_task("heart")
-    with pytest.raises(DataError, match=match):
-        task.load_data("Clinic 7", {"data-path": str(_hostile(tmp_path, header, rows, kind))})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # refused in one message, not with a NumPy warning beside it
+        with pytest.raises(DataError, match=match):
+            task.load_data("Clinic 7", {"data-path": str(_hostile(tmp_path, header, rows, kind))})
 
 
 def test_own_text_directory_for_the_causal_lm_task(tmp_path):
@@ -309,3 +363,85 @@ def test_own_text_directory_for_the_causal_lm_task(tmp_path):
     with pytest.raises(CorpusError, match=r"\*\.txt"):
         load_own_text("Clinic 7", empty)
     assert math.isfinite(pt.heldout_fraction)
+
+
+def test_own_text_refusals_name_the_data_directory_and_say_to_fix_the_file(tmp_path):
+    d = tmp_path / "notes"
+    d.mkdir()
+    with pytest.raises(CorpusError, match=r"--data .*notes has no \*\.txt") as info:
+        load_own_text("Clinic 7", d)
+    assert "manual" not in str(info.value)
+    (d / "bad.txt").write_bytes(b"caf\xe9")
+    with pytest.raises(CorpusError, match="bad.txt is not UTF-8 text .*your --data directory") as info:
+        load_own_text("Clinic 7", d)
+    assert "reinstall" not in str(info.value) and "documentation" not in str(info.value)
+
+
+def test_names_and_messages_with_console_markup_are_printed_as_they_are(tmp_path):
+    # '[/]' in a partner's name once ended a successful 'consortium create' with rich's
+    # MarkupError (exit 1, the consortium written), and main()'s last line of defence with a traceback
+    names = ["a[/]b", "[bold red]Clinic"]
+    args = ["consortium", "create", tmp_path / "c"]
+    for i, n in enumerate(names):
+        code, msg = _cli("partner", "keygen", tmp_path / f"k{i}")
+        assert code == 0, msg
+        args += ["--partner-key", f"{n}={tmp_path / f'k{i}' / 'partner_key.pub.pem'}"]
+    code, msg = _cli(*args)
+    assert code == 0 and "partners a[/]b, [bold red]Clinic;" in msg and "MarkupError" not in msg, msg
+    header, rows = _bundled_rows("Hungary")
+    code, msg = _cli("partner", "check", kit_dir(tmp_path / "c", names[0]), "--key",
+                     tmp_path / "k0" / "partner_key.pem", "--data", _write_csv(tmp_path / "mine.csv", header, rows))
+    assert code == 0 and "partner a[/]b of consortium" in msg, msg
+    out = subprocess.run([sys.executable, "-c", "import sealfl.platform.cli as c\n"
+                          "def boom(**kw): raise RuntimeError('bad [/] thing')\n"
+                          "c.app = boom\nc.main()"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "RuntimeError: bad [/] thing" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_missing_partner_public_key_is_named_without_errno(tmp_path):
+    from sealfl.platform.partner_keys import partner_public_keys
+
+    cons, _ = create_consortium(tmp_path / "c", "t", ["Cleveland", "Hungary"])
+    (kit_dir(cons.dir, "Hungary") / "partner_key.pub.pem").unlink()
+    with pytest.raises(ConsortiumError, match=r"partner 'Hungary' .*: No such file or directory; ask the partner") as info:
+        partner_public_keys(cons)
+    assert "Errno" not in str(info.value)
+
+
+def test_kind_a_fifo_or_device_where_a_key_or_data_file_belongs_is_refused_at_once(world, tmp_path):
+    """A FIFO would block a plain open() until a writer came (forever): every key and data
+    path is opened without blocking and must be a regular file."""
+    import os
+
+    root, cons, homes = world
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    code, msg = _cli("consortium", "create", tmp_path / "c2", "--partner-key", f"Nord={fifo}")
+    assert code == 1 and "not a regular file" in msg and "Nord" in msg and not (tmp_path / "c2").exists(), msg
+    mine = tmp_path / "m" / kit_dir(cons, OWN[0]).name
+    shutil.copytree(kit_dir(cons, OWN[0]), mine)
+    key = homes[OWN[0]] / "keys" / "partner_key.pem"
+    for args in (["--key", fifo], ["--key", "/dev/zero"], ["--key", key, "--data", fifo]):
+        code, msg = _cli("partner", "check", mine, *args)
+        assert code == 1 and "not a regular file" in msg, (args, msg)
+
+
+def test_read_capped_refuses_what_is_not_a_regular_file_unless_asked_to_read_a_pipe(tmp_path):
+    import os
+
+    from sealfl.common.fsutil import read_capped
+
+    (tmp_path / "f").write_bytes(b"x" * 10)
+    assert read_capped(tmp_path / "f", 4) == b"xxxxx"
+    os.symlink(tmp_path / "f", tmp_path / "link")
+    assert read_capped(tmp_path / "link", 100) == b"x" * 10  # a link to a file is that file
+    with pytest.raises(IsADirectoryError):
+        read_capped(tmp_path, 4)
+    os.mkfifo(tmp_path / "p")
+    with pytest.raises(OSError, match="not a regular file"):
+        read_capped(tmp_path / "p", 4)
+    r, w = os.pipe()
+    os.write(w, b"abc")
+    os.close(w)
+    assert read_capped(f"/dev/fd/{r}", 10, regular_only=False) == b"abc"  # --input <(...)
+    os.close(r)

@@ -116,4 +116,5 @@ def test_a_campaign_of_another_consortium_is_refused_and_left_as_it_was(consorti
     before = CampaignDir(out).status_path.read_bytes()
     r = run_cli(["campaign", "resume", out, "-c", other.dir])
     assert r.returncode == 1 and "another consortium" in " ".join(r.stderr.split()), r.stderr[-2000:]
+    assert "resume will" not in r.stdout and "encrypted rounds" not in r.stdout  # refused before it is announced
     assert CampaignDir(out).status_path.read_bytes() == before

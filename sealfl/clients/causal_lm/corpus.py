@@ -120,7 +120,12 @@ def find_sources_dir(explicit: str | os.PathLike | None = None) -> Path:
     return Path(found[-1])
 
 
-def _read_file(root_fd: int, rel: str, remaining: int) -> str:
+#: what to do about a bad file of the bundled manuals / of a partner's own --data directory
+_FIX_BUNDLED = "this is not the documentation sealfl expects; reinstall the documentation"
+_FIX_OWN = "fix or remove it in your --data directory"
+
+
+def _read_file(root_fd: int, rel: str, remaining: int, fix: str = _FIX_BUNDLED) -> str:
     try:
         fd = os.open(rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=root_fd)
     except OSError as exc:
@@ -131,23 +136,25 @@ def _read_file(root_fd: int, rel: str, remaining: int) -> str:
             raise CorpusError(f"corpus file {rel} is not a regular file")
         cap = min(MAX_FILE_BYTES, remaining)
         if st.st_size > cap:
-            raise CorpusError(f"corpus file {rel} has {st.st_size} bytes, over the cap of {cap}; "
-                              "this is not the documentation sealfl expects")
+            raise CorpusError(f"corpus file {rel} has {st.st_size} bytes, over the cap of {cap}; {fix}")
         with os.fdopen(fd, "rb", closefd=False) as fh:
             data = fh.read(cap + 1)
     finally:
         os.close(fd)
     if len(data) > cap:
-        raise CorpusError(f"corpus file {rel} grew past the cap of {cap} bytes while read")
+        raise CorpusError(f"corpus file {rel} grew past the cap of {cap} bytes while read; {fix}")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise CorpusError(f"corpus file {rel} is not UTF-8 text (byte {exc.start}); reinstall the documentation") from exc
+        raise CorpusError(f"corpus file {rel} is not UTF-8 text (byte {exc.start}); {fix}") from exc
 
 
-def read_manual(sources: str | os.PathLike, manual: str, suffixes: tuple[str, ...] = (".rst.txt",)) -> dict[str, str]:
+def read_manual(sources: str | os.PathLike, manual: str, suffixes: tuple[str, ...] = (".rst.txt",), *,
+                own: bool = False) -> dict[str, str]:
     """Read every document of one manual whose name ends with one of ``suffixes``
-    (default ``*.rst.txt``; recursively), sorted by path.
+    (default ``*.rst.txt``; recursively), sorted by path. ``own``: the directory is a
+    partner's own ``--data`` (messages name it so and say to fix the file, not to reinstall
+    the documentation).
 
     Returns:
         ``{path relative to sources: text}`` (at least one document).
@@ -157,8 +164,9 @@ def read_manual(sources: str | os.PathLike, manual: str, suffixes: tuple[str, ..
             the caps or not UTF-8.
     """
     root = Path(sources) / manual
+    what = f"--data {root}" if own else f"manual {manual!r} under {sources}"
     if not root.is_dir() or root.is_symlink():
-        raise CorpusError(f"manual {manual!r} not found under {sources} (expected a directory {root})")
+        raise CorpusError(f"{what} not found (expected a directory {root})")
     rels = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         dirnames.sort()
@@ -166,15 +174,15 @@ def read_manual(sources: str | os.PathLike, manual: str, suffixes: tuple[str, ..
             if f.endswith(suffixes):
                 rels.append(os.path.relpath(os.path.join(dirpath, f), sources))
         if len(rels) > MAX_FILES:
-            raise CorpusError(f"manual {manual!r} has more than {MAX_FILES} documents")
+            raise CorpusError(f"{what} has more than {MAX_FILES} documents")
     if not rels:
-        raise CorpusError(f"manual {manual!r} under {sources} has no {' / '.join('*' + x for x in suffixes)} documents")
+        raise CorpusError(f"{what} has no {' / '.join('*' + x for x in suffixes)} documents")
     out: dict[str, str] = {}
     total = 0
     dfd = os.open(str(sources), os.O_RDONLY | os.O_DIRECTORY)
     try:
         for rel in sorted(rels):
-            text = _read_file(dfd, rel, MAX_MANUAL_BYTES - total)
+            text = _read_file(dfd, rel, MAX_MANUAL_BYTES - total, _FIX_OWN if own else _FIX_BUNDLED)
             total += len(text.encode("utf-8"))
             out[rel] = text
     finally:
@@ -263,7 +271,7 @@ def load_own_text(partner: str, directory: str | os.PathLike, seed: int = 0) -> 
     if not d.is_dir() or d.is_symlink():
         raise CorpusError(f"--data {d} is not a directory; the causal-LM task reads a directory of text files "
                           f"({', '.join('*' + x for x in OWN_TEXT_SUFFIXES)})")
-    docs = read_manual(d.parent, d.name, OWN_TEXT_SUFFIXES)
+    docs = read_manual(d.parent, d.name, OWN_TEXT_SUFFIXES, own=True)
     train, held = split_text(docs, seed=seed)
     log.info("partner %s: %d own documents, %d train / %d held-out chunks", partner, len(docs), len(train), len(held))
     return PartnerText(partner, str(d), tuple(sorted(docs)), tuple(train), tuple(held))

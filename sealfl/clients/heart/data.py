@@ -137,7 +137,14 @@ def _is_missing(value: str | None) -> bool:
 
 
 def _where(row: dict[str, str], line: int) -> str:
-    return f"row {line} (id={row.get('id')!r})"
+    return f"row {line} (id={_shown(row.get('id'))})"
+
+
+def _shown(value: str | None, limit: int = 40) -> str:
+    """``repr`` of a cell for a message, cut to ``limit`` characters (a cell can be 100 KB)."""
+    if value is None or len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}… ({len(value)} characters)"
 
 
 def _complete(row: dict[str, str]) -> bool:
@@ -146,19 +153,19 @@ def _complete(row: dict[str, str]) -> bool:
 
 def _number(row: dict[str, str], col: str, line: int) -> float:
     text = row[col].strip()
-    try:
-        value = float(text)
+    try:  # a CSV number: ASCII digits only (float() also takes '6_3' and other scripts' digits)
+        value = float(text) if text.isascii() and "_" not in text else math.nan
     except ValueError:
         value = math.nan
     if not math.isfinite(value):
-        raise DataError(f"{_where(row, line)}, column {col!r}: {row[col]!r} is not a finite number")
+        raise DataError(f"{_where(row, line)}, column {col!r}: {_shown(row[col])} is not a finite number")
     return value
 
 
 def _coded(row: dict[str, str], col: str, codes: dict[str, float], line: int) -> float:
     key = row[col].strip().lower()
     if key not in codes:
-        raise DataError(f"{_where(row, line)}, column {col!r}: {row[col]!r} is not one of the documented "
+        raise DataError(f"{_where(row, line)}, column {col!r}: {_shown(row[col])} is not one of the documented "
                         f"values {sorted(codes)} (or missing: '', '?', 'NA')")
     return codes[key]
 
@@ -166,7 +173,8 @@ def _coded(row: dict[str, str], col: str, codes: dict[str, float], line: int) ->
 def _level(row: dict[str, str], col: str, levels: tuple[str, ...], line: int) -> str:
     key = row[col].strip().lower()
     if key not in levels:
-        raise DataError(f"{_where(row, line)}, column {col!r}: unknown level {row[col]!r}; expected one of {list(levels)}")
+        raise DataError(f"{_where(row, line)}, column {col!r}: unknown level {_shown(row[col])}; expected one of "
+                        f"{list(levels)}")
     return key
 
 
@@ -185,8 +193,8 @@ def _features(row: dict[str, str], line: int) -> list[float]:
 
 def _label(row: dict[str, str], line: int) -> float:
     text = row["num"].strip()
-    if not text.isdigit() or int(text) > 4:
-        raise DataError(f"{_where(row, line)}, column 'num': {row['num']!r} is not a diagnosis 0-4")
+    if not (text.isascii() and text.isdigit()) or int(text) > 4:  # '²' is a digit to isdigit(), not to int()
+        raise DataError(f"{_where(row, line)}, column 'num': {_shown(row['num'])} is not a diagnosis 0-4")
     return float(int(text) > 0)
 
 

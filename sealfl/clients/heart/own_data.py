@@ -85,7 +85,7 @@ def _parse(path: Path, data: bytes, seed: int, name: str) -> Partition:
         if header is None:
             raise DataError(f"{path} is empty; give a CSV with the header {','.join(REQUIRED_COLUMNS)}")
         header = [h.strip() for h in header]
-        dup = sorted({h for h in header if header.count(h) > 1})
+        dup = sorted({h if len(h) <= 40 else h[:40] + "…" for h in header if header.count(h) > 1})
         if dup:
             raise DataError(f"{path}: column(s) {dup} appear more than once in the header")
         missing = [c for c in REQUIRED_COLUMNS if c not in header]
@@ -94,7 +94,8 @@ def _parse(path: Path, data: bytes, seed: int, name: str) -> Partition:
                             f"{list(REQUIRED_COLUMNS)} (optional: {list(OPTIONAL_COLUMNS)})")
         unknown = [c for c in header if c not in REQUIRED_COLUMNS and c not in OPTIONAL_COLUMNS]
         if unknown:
-            raise DataError(f"{path}: unknown column(s) {unknown[:8]}; the heart task's columns are "
+            unknown = [c if len(c) <= 40 else c[:40] + "…" for c in unknown[:8]]  # a header cell can be 100 KB
+            raise DataError(f"{path}: unknown column(s) {unknown}; the heart task's columns are "
                             f"{list(REQUIRED_COLUMNS)} (optional: {list(OPTIONAL_COLUMNS)})")
         rows = []
         for line, cells in enumerate(reader, start=2):
@@ -112,9 +113,10 @@ def _parse(path: Path, data: bytes, seed: int, name: str) -> Partition:
     if len(rows) < MIN_ROWS:
         raise DataError(f"{path} has {len(rows)} complete rows; at least {MIN_ROWS} are needed to train and test")
     lines = [line for line, _ in rows]
-    x = np.asarray([_features(r, line) for line, r in rows], dtype=np.float32)
+    x = np.asarray([_features(r, line) for line, r in rows], dtype=np.float64)  # 1e308 stays itself until checked
     y = np.asarray([_label(r, line) for line, r in rows], dtype=np.float32)
     _check_ranges(x, lines, path)
+    x = x.astype(np.float32)  # every value is inside its feature's range now
     if len(set(y.tolist())) < 2:
         raise DataError(f"{path}: every complete row has the same label (num {'> 0' if y[0] else '= 0'}); "
                         "training needs patients with and without disease")

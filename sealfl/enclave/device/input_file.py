@@ -82,7 +82,7 @@ def read_feature_rows(path: str | os.PathLike, n_features: int | None) -> np.nda
         InputFileError: unreadable, larger than :data:`MAX_INPUT_BYTES`, or malformed.
     """
     try:
-        data = read_capped(path, MAX_INPUT_BYTES)
+        data = read_capped(path, MAX_INPUT_BYTES, regular_only=False)  # --input <(...) is a pipe
     except OSError as exc:
         raise InputFileError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
     if len(data) > MAX_INPUT_BYTES:

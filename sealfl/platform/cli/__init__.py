@@ -67,6 +67,38 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 GROUPS = frozenset({"consortium", "superlink", "campaign", "release", "repo", "partner", "device", "attest", "kbs"})
 
 
+def keep_argument_help(command: click.Command) -> click.Command:
+    """Give every argument of ``command`` (and of its subcommands) the help its declaration
+    has, and each subcommand a one-line summary for the group's list; return ``command``.
+
+    typer 0.20 sets an argument's ``help`` and then calls click's ``Argument.__init__``,
+    which since click 8.5 takes a ``help`` of its own and resets it to None: every
+    argument's help was missing from ``--help``. A no-op where the help arrived."""
+    import inspect
+
+    try:
+        from typer.models import ArgumentInfo
+        from typer.utils import get_params_from_function
+    except ImportError:  # another typer: its help stays as it arrives, the CLI still works
+        return command
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            keep_argument_help(sub)
+            if sub.help and not sub.short_help:  # the group's list: the first paragraph as one line (typer's
+                # rich mode kept the docstring's line breaks there)
+                sub.short_help = " ".join(inspect.cleandoc(sub.help).split("\n\n")[0].split())
+        return command
+    if command.callback is None:
+        return command
+    declared = get_params_from_function(inspect.unwrap(command.callback))
+    for p in command.params:
+        meta = declared.get(p.name or "")
+        if isinstance(p, click.Argument) and not getattr(p, "help", None) and meta is not None \
+                and isinstance(meta.default, ArgumentInfo):
+            p.help = meta.default.help
+    return command
+
+
 class _LazyGroup(TyperGroup):
     """The root group: a command's module is imported when the command is looked up."""
 
@@ -84,7 +116,8 @@ class _LazyGroup(TyperGroup):
         typer_app = getattr(importlib.import_module(module), attr)
         # a group stays a group even with one subcommand (``consortium create``); the
         # top-level commands (verify, demo, llm-demo) are one-command apps
-        command = typer.main.get_group(typer_app) if cmd_name in GROUPS else typer.main.get_command(typer_app)
+        command = keep_argument_help(typer.main.get_group(typer_app) if cmd_name in GROUPS
+                                     else typer.main.get_command(typer_app))
         command.name = cmd_name
         command.short_help = help_
         return command
@@ -121,5 +154,8 @@ def main() -> None:
     except Exception as exc:  # the last line of defence: no tracebacks for users
         if VERBOSE["on"]:
             raise
-        err.print(f"[bold red]error:[/] {type(exc).__name__}: {exc}\n(run with -v for the traceback)")
+        from rich.markup import escape
+
+        err.print(f"[bold red]error:[/] {type(exc).__name__}: {escape(str(exc))}\n(run with -v for the traceback)",
+                  highlight=False)
         sys.exit(1)

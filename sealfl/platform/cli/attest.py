@@ -13,7 +13,7 @@ import typer
 from sealfl.common.errors import SealflError
 from sealfl.platform.cli.device import parse_nonce
 from sealfl.platform.cli.options import TrustDir
-from sealfl.platform.cli.output import command_group, console, err, fail
+from sealfl.platform.cli.output import command_group, console, err, error_text, fail
 
 __all__ = ["app", "kbs_app"]
 
@@ -66,7 +66,7 @@ def policy(
                "release_root": roots}
         atomic_write(out, canonical_json(doc) + b"\n", 0o644)
     except (SealflError, OSError) as exc:
-        fail(str(exc))
+        fail(error_text(exc))
     console.print(f"wrote {out}: {len(roots)} release(s), backends {sorted(set(tee))}")
 
 

@@ -9,7 +9,17 @@ import typer
 
 from sealfl.common.errors import Interrupted, SealflError
 from sealfl.platform.cli.options import ConsortiumDir, CpusPerPartner, RayAddress, Superlink
-from sealfl.platform.cli.output import VERBOSE, command_group, console, err, fail, stopped
+from sealfl.platform.cli.output import (
+    VERBOSE,
+    command_group,
+    console,
+    emit_json,
+    err,
+    error_text,
+    fail,
+    json_mode,
+    stopped,
+)
 from sealfl.platform.supervisor import interruptible
 
 __all__ = ["app"]
@@ -68,6 +78,10 @@ def run(
 
         try:
             _simulation_only(cpus_per_partner, superlink)
+            if superlink is not None:
+                from sealfl.platform.services import parse_hostport
+
+                parse_hostport(superlink)  # before "campaign started" is printed
             if server_momentum is None:
                 server_momentum = 0.9 if server_opt.strip().lower() == "fedavgm" else 0.0
             opt = ServerOpt(server_opt, lr=server_lr, momentum=server_momentum)
@@ -87,7 +101,7 @@ def run(
         except Interrupted as exc:
             stopped(exc)
         except (SealflError, OSError) as exc:
-            fail(str(exc))
+            fail(error_text(exc))
     acc = res.rounds[-1].get("pooled_test_accuracy") if res.rounds else None
     console.print(f"campaign finished: {len(res.rounds)} rounds in {res.seconds:.1f} s, pooled test accuracy "
                   f"{acc if acc is not None else float('nan'):.3f}; checkpoint in {out / 'checkpoint'}")
@@ -140,9 +154,16 @@ def resume(
 
         try:
             _simulation_only(cpus_per_partner, superlink)
-            plan = CampaignDir(out).plan_resume()
-            if plan.ok:
-                console.print(plan.message, highlight=False)
+            if superlink is not None:
+                from sealfl.platform.services import parse_hostport
+
+                parse_hostport(superlink)
+            from sealfl.platform.consortium import Consortium
+
+            plan = CampaignDir(out).plan_resume(Consortium.load(consortium).context_id)
+            if not plan.ok:  # refused before anything is announced (another consortium, finished, running)
+                fail(f"{out}: {plan.message}")
+            console.print(plan.message, markup=False, highlight=False)
             with Progress(TextColumn("[bold]encrypted rounds"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                           TextColumn("{task.description}"), console=console, transient=False) as bar:
                 task = bar.add_task("resuming: statistics round…", total=plan.num_rounds or 1,
@@ -160,7 +181,7 @@ def resume(
         except Interrupted as exc:
             stopped(exc)
         except (SealflError, OSError) as exc:
-            fail(str(exc))
+            fail(error_text(exc))
     acc = res.rounds[-1].get("pooled_test_accuracy") if res.rounds else None
     if res.status.get("note"):  # the stopped run had committed every round: nothing was run again
         console.print(f"campaign finished: {res.status['note']}; pooled test accuracy "
@@ -179,10 +200,12 @@ def status(
                                  "process: 'dead' after a kill) instead of the table."),
 ) -> None:
     """Show a campaign's status and one line per finished round (works while it runs)."""
+    from rich.markup import escape
     from rich.table import Table
 
     from sealfl.server.bookkeeping import CampaignDir
 
+    json_mode(as_json)  # a refusal is one JSON object on stdout too
     cd = CampaignDir(out)
     try:
         status_doc = cd.read_status()
@@ -197,25 +220,22 @@ def status(
                   f"checkpoint is at round {view.round}: the round log is damaged (release build and audit will "
                   "refuse it); restore it from a backup")
     if as_json:
-        import json
-
         keep = ("started", "started_iso", "finished", "finished_iso", "updated", "updated_iso",
                 "server_has_secret_key", "owner")
-        typer.echo(json.dumps({"dir": str(out), "state": view.state, "note": view.note, "round": view.round,
-                               "num_rounds": view.num_rounds, "error": view.error, "resume": plan.to_dict(),
-                               "recorded_status": status_doc.get("status"),
-                               **{k: status_doc.get(k) for k in keep}, "rounds_log_complete": not damaged,
-                               "rounds": rounds}))
+        emit_json({"dir": str(out), "state": view.state, "note": view.note, "round": view.round,
+                   "num_rounds": view.num_rounds, "error": view.error, "resume": plan.to_dict(),
+                   "recorded_status": status_doc.get("status"), **{k: status_doc.get(k) for k in keep},
+                   "rounds_log_complete": not damaged, "rounds": rounds})
         return
     state = f"{view.state}: {view.note}" if view.note else view.state
-    t = Table(title=f"campaign {out}: {state} (round {view.round}/{view.num_rounds})")
+    t = Table(title=escape(f"campaign {out}: {state} (round {view.round}/{view.num_rounds})"))
     for col in ("round", "pooled acc", "partners", "rejected", "MB in", "seconds"):
         t.add_column(col, justify="right" if col not in ("partners", "rejected") else "left")
     for r in rounds:
         try:
-            t.add_row(str(r["round"]), f"{float(r.get('pooled_test_accuracy', 'nan')):.3f}",
-                      ", ".join(map(str, r.get("accepted", []))),
-                      "; ".join(f"{k}: {v}" for k, v in dict(r.get("rejected") or {}).items()),
+            t.add_row(str(r["round"]), f"{float(r.get('pooled_test_accuracy', 'nan')):.3f}",  # names: as they are
+                      escape(", ".join(map(str, r.get("accepted", [])))),
+                      escape(_refusals(r)),
                       f"{float(r.get('ciphertext_bytes_in', 0)) / 1e6:.2f}", f"{float(r.get('round_seconds', 0)):.2f}")
         except (TypeError, ValueError):
             t.add_row(str(r["round"]), "(malformed record)", "", "", "", "")
@@ -232,10 +252,10 @@ def status(
         except (KeyError, TypeError, ValueError):
             console.print("privacy: (malformed record)")
     if view.error:
-        err.print(f"[bold red]{'stopped' if view.state == 'interrupted' else 'error'}:[/] {view.error}")
+        err.print(f"[bold red]{'stopped' if view.state == 'interrupted' else 'error'}:[/] {escape(str(view.error))}")
     if view.state not in ("finished", "running", "starting"):  # stopped: say what resume would do
         console.print(f"{plan.message}{f' (sealfl campaign resume {out} -c CONSORTIUM)' if plan.ok else ''}",
-                      highlight=False)
+                      markup=False, highlight=False)
     ray = status_doc.get("ray") if isinstance(status_doc.get("ray"), dict) else {}
     if ray:
         console.print(f"Ray: {ray.get('mode')} at {ray.get('gcs_address')}, authentication {ray.get('auth')}"
@@ -250,6 +270,16 @@ def status(
         console.print(f"server optimizer: unknown ({exc})")
 
 
+def _refusals(rec: dict) -> str:
+    """Every refused reply of a round record, its phase named unless it is the train reply:
+    the statistics query (``stats_rejected``, e.g. a reply signed by another partner's key)
+    and the evaluation (``eval_rejected``) as well as the update (``rejected``)."""
+    out = []
+    for key, phase in (("stats_rejected", "statistics: "), ("rejected", ""), ("eval_rejected", "evaluation: ")):
+        out += [f"{phase}{k}: {v}" for k, v in dict(rec.get(key) or {}).items()]
+    return "; ".join(out)
+
+
 @app.command("report")
 def report(
     out: Path = typer.Argument(..., help="Campaign directory (running or finished)."),
@@ -260,16 +290,15 @@ def report(
     """Write a campaign's report: report.html with PNG plots of accuracy and loss per round,
     per partner and pooled (perplexity for the language-model task), bytes and time per
     round, and refused replies; prints the page's path."""
-    import json
-
     from sealfl.platform.report import campaign_report
 
+    json_mode(as_json)  # a refusal is one JSON object on stdout too
     try:
         rep, s = campaign_report(out, to)
     except (SealflError, OSError) as exc:
-        fail(str(exc))
+        fail(error_text(exc))
     if as_json:
-        typer.echo(json.dumps({"html": str(rep.html), "images": [str(p) for p in rep.images], **s.to_dict()}))
+        emit_json({"html": str(rep.html), "images": [str(p) for p in rep.images], **s.to_dict()})
         return
     console.print(f"report of {len(s.rounds)} round(s): {rep.html}")
     if s.skipped:

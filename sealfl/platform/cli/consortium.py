@@ -16,6 +16,37 @@ __all__ = ["app"]
 app = command_group("consortium")
 
 
+def _fresh(directory: Path) -> bool | None:
+    """What :func:`_undo` may remove if the ceremony fails: True if ``directory`` does not
+    exist yet (remove it), False if it is an empty directory (empty it again), None if it
+    holds something (the ceremony refuses it before writing: leave it alone)."""
+    if not directory.exists() and not directory.is_symlink():
+        return True
+    try:
+        return False if directory.is_dir() and not any(directory.iterdir()) else None
+    except OSError:
+        return None
+
+
+def _undo(directory: Path, created: bool) -> None:
+    """Remove what a failed ``consortium create`` wrote into ``directory`` (and the directory
+    itself if it ``created`` it)."""
+    import shutil
+
+    if created:
+        shutil.rmtree(directory, ignore_errors=True)
+        return
+    try:
+        entries = list(directory.iterdir())
+    except OSError:
+        return
+    for p in entries:
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+
+
 @app.command("create")
 def create(
     directory: Path = typer.Argument(..., help="New consortium directory."),
@@ -42,7 +73,8 @@ def create(
                                                     help="NAME=PUB.pem (repeat): a partner that made its key on its "
                                                          "own machine ('sealfl partner keygen') and sent only the "
                                                          "public half; its kit is wrapped to that key and it brings "
-                                                         "its own data (any printable name, at most 64 characters)."),
+                                                         "its own data (any printable name with a letter or digit, "
+                                                         "at most 64 characters)."),
     superlink_host: Optional[list[str]] = typer.Option(None, "--superlink-host",
                                                        help="Name or IP address partners reach the SuperLink at "
                                                             "(repeat; the TLS certificate's SAN). Default: 127.0.0.1 "
@@ -78,6 +110,7 @@ def create(
             keys[pname] = read_capped(Path(pub), 16 * 1024)
         except OSError as exc:
             fail(f"--partner-key {pname}: cannot read {pub}: {exc.strerror or exc}")
+    fresh = _fresh(directory)
     try:
         name = name or task
         named = list(partner or ([] if keys else get_task(task).partners))
@@ -86,12 +119,21 @@ def create(
                                         public_keys=keys)
         provision_release_enclave(cons, codec.secret_context_bytes(), backend=tee)
         tuf_root = make_authority_root_keys(directory)
-    except SealflError as exc:
-        fail(str(exc))
-    except OSError as exc:
-        fail(f"cannot create the consortium in {directory}: {exc.strerror or exc}"
-             f"{' (' + str(exc.filename) + ')' if exc.filename else ''}; choose a directory you can write")
-    console.print(f"consortium [bold]{name}[/] in {directory}: partners {', '.join(cons.partners)}; "
-                  f"device trust anchors in {trust_dir(cons)}; startup kits: {directory / 'superlink'}, "
-                  f"{directory / 'aggregator'}, {directory / 'partners'}/<name> (each with a README); TUF root keys "
-                  f"in {tuf_root} ('sealfl repo init REPO -c {directory}'; keep the authority directory offline)")
+    except BaseException as exc:  # a refused or stopped ceremony leaves no half-written consortium
+        if fresh is not None:
+            _undo(directory, fresh)
+        if isinstance(exc, SealflError):
+            fail(str(exc))
+        if isinstance(exc, OSError):
+            fail(f"cannot create the consortium in {directory}: {exc.strerror or exc}"
+                 f"{' (' + str(exc.filename) + ')' if exc.filename else ''}; choose a directory you can write")
+        raise
+    from sealfl.clients.kit import kit_dir
+
+    kits = [f"{p} -> {kit_dir(directory, p)}" for p in cons.partners[:8]]  # a kit's directory is not its name
+    more = f" and {len(cons.partners) - 8} more in {directory / 'partners'}" if len(cons.partners) > 8 else ""
+    console.print(f"consortium {name} in {directory}: partners {', '.join(cons.partners)}; "
+                  f"device trust anchors in {trust_dir(cons)}; startup kits (each with a README): "
+                  f"{directory / 'superlink'}, {directory / 'aggregator'}, partners' kits {', '.join(kits)}{more}; "
+                  f"TUF root keys in {tuf_root} ('sealfl repo init REPO -c {directory}'; keep the authority "
+                  "directory offline)", markup=False, highlight=False)  # names and paths are shown as they are

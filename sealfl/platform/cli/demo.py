@@ -8,7 +8,7 @@ import typer
 
 from sealfl.common.errors import Interrupted, SealflError
 from sealfl.platform.cli.options import RayAddress
-from sealfl.platform.cli.output import console, fail, stopped
+from sealfl.platform.cli.output import console, error_text, fail, stopped
 from sealfl.platform.supervisor import interruptible
 
 __all__ = ["demo_app", "llm_demo_app", "deploy_demo_app"]
@@ -36,7 +36,7 @@ def demo(
         except Interrupted as exc:
             stopped(exc)
         except (SealflError, OSError) as exc:
-            fail(str(exc))
+            fail(error_text(exc))
 
 
 @llm_demo_app.command("llm-demo")
@@ -58,7 +58,7 @@ def llm_demo(
         except Interrupted as exc:
             stopped(exc)
         except (SealflError, OSError) as exc:
-            fail(str(exc))
+            fail(error_text(exc))
 
 
 @deploy_demo_app.command("deploy-demo")
@@ -83,7 +83,7 @@ def deploy_demo(
         except Interrupted as exc:
             stopped(exc)
         except (SealflError, OSError) as exc:
-            fail(str(exc))
+            fail(error_text(exc))
     t = Table(title=f"deploy demo: {len(rep['partners'])} partners over TLS (node auth {rep['node_auth']}), "
                     f"{rep['rounds']} rounds")
     for col in ("round", "pooled acc", "s", "ciphertext B / partner"):

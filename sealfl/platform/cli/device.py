@@ -17,7 +17,7 @@ import typer
 
 from sealfl.common.errors import Interrupted, SealflError
 from sealfl.platform.cli.options import BootRelease, KeyBroker, StateDir, Tee, TrustDir, Variant, check_tee
-from sealfl.platform.cli.output import command_group, console, emit_json, err, fail, json_mode, say, stopped
+from sealfl.platform.cli.output import command_group, console, emit_json, err, error_text, fail, json_mode, say, stopped
 
 __all__ = ["app", "verify_app"]
 
@@ -46,7 +46,7 @@ def _boot(trust: Path, release_dir: Path, state: Path, *, tee: str | None = None
     except BootError as exc:
         fail(f"nothing runs: {exc}" if exit_code_of(exc) == 2 else str(exc), exit_code_of(exc))
     except (SealflError, OSError) as exc:
-        fail(str(exc))
+        fail(error_text(exc))
     if outcome.kept_last_good:
         say(f"kept the last good release v{outcome.device.release.version}")
     return outcome
@@ -241,7 +241,7 @@ def serve(
         code = exit_code_of(exc)
         fail(f"nothing is served: {exc}", 2 if code == 1 else code)
     except (SealflError, OSError) as exc:
-        fail(str(exc))
+        fail(error_text(exc))
 
 
 @app.command("provision")
@@ -267,7 +267,7 @@ def provision(
         if export_ak:
             export_ak.write_bytes(t.public_key())
     except (SealflError, OSError) as exc:
-        fail(str(exc))
+        fail(error_text(exc))
     console.print(f"provisioned a {tee} TEE in {state / 'tee'}; AK keyid {t.ak_keyid()}"
                   + (f"; AK public key -> {export_ak}" if export_ak else f"; AK public key {state / 'tee' / 'ak.pem'}"))
     if t.insecure:
@@ -329,7 +329,7 @@ def attest(
         else:
             sys.stdout.write(doc.decode())
     except (SealflError, OSError) as exc:
-        fail(str(exc))
+        fail(error_text(exc))
 
 
 @verify_app.command("verify")
@@ -347,7 +347,7 @@ def verify(
     try:
         v = verify_dir(trust, release_dir)
     except (SealflError, OSError) as exc:
-        fail(str(exc))
+        fail(error_text(exc))
     if as_json:
         emit_json({"ok": True, "name": v.name, "version": v.version, "root_digest": v.root_digest})
         return

@@ -14,7 +14,7 @@ import typer
 
 from sealfl.common.errors import SealflError
 from sealfl.platform.cli.options import KeyBroker, StateDir, Tee, TrustDir, check_tee
-from sealfl.platform.cli.output import console, fail, say
+from sealfl.platform.cli.output import console, error_text, fail, say
 
 __all__ = ["update", "status", "tuf_client_app"]
 
@@ -70,7 +70,7 @@ def update(
     except BootError as exc:
         fail(f"nothing runs: {exc}" if exit_code_of(exc) == 2 else str(exc), exit_code_of(exc))
     except (SealflError, OSError) as exc:
-        fail(str(exc))
+        fail(error_text(exc))
     if as_json:
         sys.stdout.write(json.dumps({"action": res.action, "name": res.name, "version": res.version,
                                      "root_digest": res.root_digest, "via": res.via,
@@ -106,7 +106,7 @@ def status(
     try:
         s = device_status(state)
     except (SealflError, OSError) as exc:
-        fail(str(exc))
+        fail(error_text(exc))
     if as_json:
         sys.stdout.write(json.dumps(s, indent=1, sort_keys=True) + "\n")
     else:

@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from sealfl.common.errors import Interrupted
 
-__all__ = ["console", "err", "VERBOSE", "setup_logging", "say", "fail", "stopped", "command_group"]
+__all__ = ["console", "err", "VERBOSE", "setup_logging", "say", "error_text", "fail", "stopped", "command_group"]
 
 # rich assumes 80 columns when output is not a terminal (CI logs, pipes): too narrow for
 # the demo table and long paths, so use 120 there
@@ -45,16 +45,44 @@ def json_mode(on: bool) -> bool:
     return JSON_MODE["on"]
 
 
+def _strict(value):
+    """``value`` with every NaN or infinity (of a record, a metric) replaced by None: JSON has
+    no such numbers, and Python's ``NaN`` token breaks every other JSON reader."""
+    import math
+
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()  # NumPy scalars
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return value
+
+
 def emit_json(doc: dict) -> None:
-    """Print ``doc`` as one line of JSON on stdout (``--json`` output)."""
+    """Print ``doc`` as one line of strict JSON on stdout (``--json`` output; NaN and
+    infinities as null)."""
     import json
 
-    typer.echo(json.dumps(doc, ensure_ascii=False, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
+    typer.echo(json.dumps(_strict(doc), ensure_ascii=False, allow_nan=False, default=str))
 
 
 def say(message: str) -> None:
     """Print one plain line on stderr (no markup, no highlighting: text from elsewhere stays as it is)."""
     err.print(message, soft_wrap=True, markup=False, highlight=False)
+
+
+def error_text(exc: BaseException) -> str:
+    """The one line a command stops with for ``exc``: a sealfl error's own message; an
+    ``OSError`` as ``PATH: reason`` and what to check (not Python's ``[Errno 2] ...``)."""
+    from sealfl.common.errors import SealflError
+
+    if isinstance(exc, OSError) and not isinstance(exc, SealflError):
+        where = f"{exc.filename}: " if exc.filename else ""
+        return f"{where}{exc.strerror or exc}; check that the path exists and that this user may read and write there"
+    return str(exc)
 
 
 def fail(msg: str, code: int = 1) -> NoReturn:

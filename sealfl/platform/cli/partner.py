@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from sealfl.common.errors import SealflError
-from sealfl.platform.cli.output import command_group, console, err, fail
+from sealfl.platform.cli.output import command_group, console, err, error_text, fail
 
 __all__ = ["app"]
 
@@ -45,7 +45,7 @@ def keygen(
     except OSError as exc:
         fail(f"cannot write the key into {directory}: {exc.strerror or exc}; choose a directory you can write")
     console.print(f"partner key written: {priv} (private, 0600: it never leaves this machine); send {pub} to the "
-                  "coordinator (consortium create --partner-key NAME=" + pub.name + ")", highlight=False)
+                  "coordinator (consortium create --partner-key NAME=" + pub.name + ")", markup=False, highlight=False)
 
 
 def _open(kit: Path, key: Path | None):
@@ -57,7 +57,13 @@ def _open(kit: Path, key: Path | None):
     return k
 
 
-def _data_config(task, data: Path | None) -> dict:
+def _data_config(task, data: Path | None, partner: str) -> dict:
+    """The task's training settings with ``--data``; without it, only a partner the task has
+    bundled demo data for may go on (a partner with its own key brings its own data)."""
+    if data is None and partner not in task.partners:
+        fail(f"partner {partner!r} has no bundled demo data (the {task.name} task has data for "
+             f"{', '.join(task.partners)} only): give your own with --data PATH (heart: a CSV with "
+             "heart_disease_uci.csv's columns; causal-lm: a directory of text files; docs/partner.md)")
     conf = dict(task.train_defaults())
     if data is not None:
         conf["data-path"] = str(data.resolve())
@@ -92,18 +98,22 @@ def check(
         with err.status("partner check…") as status:
             phase("open the kit and unwrap the HE secret with the partner key")
             k = _open(kit, key)
+            from sealfl.platform.services import check_kit_files
+            from sealfl.platform.startup_kits import CA_FILE, SUPERNODE_KEY_FILE
+
+            check_kit_files(kit, [CA_FILE, SUPERNODE_KEY_FILE], "partner")  # what 'partner start' needs too
             phase("round-trip a test ciphertext")
             probe = np.array([1.25, -2.5, 3.0])
             err_max = float(np.max(np.abs(k.codec.decrypt(k.codec.encrypt(probe)) - probe)))
             phase(f"load the task ({k.task}) and the partner's data")
             task = get_task(k.task)
-            loaded = task.load_data(k.partner, _data_config(task, data))
+            loaded = task.load_data(k.partner, _data_config(task, data, k.partner))
     except (SealflError, OSError) as exc:
-        fail(str(exc))
-    console.print(f"partner [bold]{k.partner}[/] of consortium {k.consortium} (task {task.name}): HE secret "
+        fail(error_text(exc))
+    console.print(f"partner {k.partner} of consortium {k.consortium} (task {task.name}): HE secret "
                   f"unwrapped (context {k.codec.context_id.hex()[:16]}…, round-trip error {err_max:.1e}); "
                   f"data{' ' + str(data) if data else ' (bundled)'}: {task.n_train(loaded)} training examples",
-                  highlight=False)
+                  markup=False, highlight=False)
 
 
 def _free_port() -> int:
@@ -122,7 +132,7 @@ def _warm_up(kit, data: Path | None = None) -> None:
     from sealfl.clients.plugins import get_task
 
     task = get_task(kit.task)
-    loaded = task.load_data(kit.partner, _data_config(task, data))
+    loaded = task.load_data(kit.partner, _data_config(task, data, kit.partner))
     warm = getattr(task, "warm_up", None)
     if warm is not None:
         warm(loaded)
@@ -166,6 +176,24 @@ def _sweep_private_dirs() -> None:
             continue
 
 
+def _say_reachable(host: str, port: int, superlink: str) -> None:
+    """Refuse a --superlink whose host name does not resolve (the SuperNode would retry it
+    silently forever); say so when nothing answers there yet (it keeps trying)."""
+    import socket
+
+    try:
+        with socket.create_connection((host, port), timeout=3.0):
+            return
+    except socket.gaierror as exc:
+        fail(f"--superlink {superlink}: the name {host!r} does not resolve ({exc.strerror or exc}); give the "
+             "SuperLink's address the coordinator sent (HOST:PORT)")
+    except OSError as exc:
+        from sealfl.platform.cli.output import say
+
+        say(f"nothing answers at {superlink} yet ({exc.strerror or exc}); the SuperNode keeps trying until the "
+            "SuperLink is up (Ctrl-C stops it)")
+
+
 def _say_task(kind: str, run_id: int | None, seconds: float, error: str | None) -> None:
     """One line per message answered: what, for which run, how long, refused or not."""
     import time
@@ -174,9 +202,11 @@ def _say_task(kind: str, run_id: int | None, seconds: float, error: str | None) 
 
     stamp = time.strftime("%H:%M:%S")
     if error is None:
-        console.print(f"{stamp} {kind} message of run {run_id} answered in {seconds:.2f} s", highlight=False)
+        console.print(f"{stamp} {kind} message of run {run_id} answered in {seconds:.2f} s", markup=False,
+                      highlight=False)
     else:
-        console.print(f"{stamp} {kind} message of run {run_id} refused: {plain_text(error, 300)}", highlight=False)
+        console.print(f"{stamp} {kind} message of run {run_id} refused: {plain_text(error, 300)}", markup=False,
+                      highlight=False)
 
 
 @app.command("start")
@@ -214,8 +244,13 @@ def start(
         from sealfl.common.procs import identity
         from sealfl.platform import flwr_cli
         from sealfl.platform.cli.output import stopped
-        from sealfl.platform.services import run_service, supernode_command
+        from sealfl.platform.services import parse_hostport, run_service, supernode_command
 
+        try:
+            host, sl_port = parse_hostport(superlink)  # before the kit and the data load (seconds)
+        except SealflError as exc:
+            fail(str(exc))
+        _say_reachable(host, sl_port, superlink)
         _sweep_private_dirs()
         me = identity()
         # mode 0700: the executor secret's directory, named by this process (a later start sweeps it after a kill -9)
@@ -237,13 +272,13 @@ def start(
                                        on_task=_say_task).start()
             cmd = supernode_command(kit, superlink, runtime_port, executor_secret=secret_file, heartbeat_s=heartbeat)
             log_path = log_file or Path(f"supernode-{kit.resolve().name}.log")
-            console.print(f"SuperNode of [bold]{k.partner}[/] joining {superlink} (TLS, node authentication); "
-                          f"log: {log_path}", highlight=False)
+            console.print(f"SuperNode of {k.partner} joining {superlink} (TLS, node authentication); "
+                          f"log: {log_path}", markup=False, highlight=False)
             code = run_service(cmd, log_path=log_path, env=flwr_cli.flower_env(), name="flower-supernode")
         except Interrupted as exc:
             stopped(Interrupted(exc.signum, f"SuperNode of {kit.resolve().name} stopped by signal"))
         except (SealflError, OSError) as exc:
-            fail(str(exc))
+            fail(error_text(exc))
         finally:
             if executor is not None:
                 executor.stop(timeout_s=0)
@@ -254,4 +289,4 @@ def start(
         why = supernode_refusal(log_path.read_text(errors="replace"))
     except OSError:
         why = "its log is unreadable"
-    fail(f"SuperNode of {kit.resolve().name} stopped (flower-supernode exit {code}): {why}; log: {log_path}")
+    fail(f"SuperNode of {k.partner} ({kit}) stopped (flower-supernode exit {code}): {why}; log: {log_path}")

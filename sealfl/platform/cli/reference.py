@@ -51,7 +51,7 @@ def render_reference() -> str:
         for p in cmd.params:
             if isinstance(p, click.Argument):
                 rows.append((p.human_readable_name.upper(), "argument" + (", required" if p.required else ""),
-                             "", ""))
+                             "", _one_line(getattr(p, "help", ""))))
             elif isinstance(p, click.Option) and p.name != "help":
                 names = ", ".join(f"`{o}`" for o in (*p.opts, *p.secondary_opts))
                 kind = "flag" if p.is_flag else p.type.name

@@ -8,7 +8,7 @@ import typer
 
 from sealfl.common.errors import Interrupted, SealflError
 from sealfl.platform.cli.options import ConsortiumDir, RayAddress
-from sealfl.platform.cli.output import command_group, console, emit_json, err, fail, json_mode, stopped
+from sealfl.platform.cli.output import command_group, console, emit_json, err, error_text, fail, json_mode, stopped
 from sealfl.platform.supervisor import interruptible
 
 __all__ = ["app"]
@@ -65,7 +65,7 @@ def build(
         except Interrupted as exc:
             stopped(exc)
         except (SealflError, OSError) as exc:
-            fail(str(exc))
+            fail(error_text(exc))
     _warn_same_content(consortium, res.summary["root_digest"], version)
     if as_json:
         emit_json({"ok": True, "version": version, "dir": str(out), "root_digest": res.summary["root_digest"],
@@ -99,7 +99,7 @@ def delta(
     try:
         res = delta_for_consortium(consortium, old, new, out)
     except (SealflError, OSError) as exc:
-        fail(str(exc))
+        fail(error_text(exc))
     ratio = res.patch_bytes / max(res.full_bytes, 1)
     if as_json:
         emit_json({"ok": True, "dir": str(out), "name": res.name, "base_version": res.base_version,

@@ -14,7 +14,7 @@ import typer
 from sealfl.attestation.repo_index import TUF_ROOT_FILE
 from sealfl.common.errors import SealflError
 from sealfl.platform.cli.options import TrustDir
-from sealfl.platform.cli.output import command_group, console, fail
+from sealfl.platform.cli.output import command_group, console, error_text, fail
 
 __all__ = ["app"]
 
@@ -70,7 +70,7 @@ def init(
             trust.mkdir(parents=True, exist_ok=True)
             (trust / TUF_ROOT_FILE).write_bytes(r.root_bytes(1))
     except (SealflError, OSError) as exc:
-        fail(str(exc))
+        fail(error_text(exc))
     console.print(f"repository in {repo}; root keys in {offline_keys} (move them offline); device trust root "
                   f"{r.metadata_dir / '1.root.json'}" + (f" (copied to {trust / TUF_ROOT_FILE})" if trust else ""))
 
@@ -143,7 +143,7 @@ def publish(
             console.print(f"published the delta from v{st.base_version} ({sum(map(len, files.values()))} bytes) as "
                           f"targets v{pub.targets_version}")
     except (SealflError, OSError) as exc:
-        fail(str(exc))
+        fail(error_text(exc))
 
 
 def _publish_at_rest(repo: Path, release_dir: Path, trust: Path, consortium: Path, kbs_keys: Path,
@@ -167,7 +167,7 @@ def _publish_at_rest(repo: Path, release_dir: Path, trust: Path, consortium: Pat
         register_key(kbs_keys, v.root_digest, key, kbs_policy)
         pub = r.publish(v.files(), v.name, v.version, v.root_digest)
     except (SealflError, OSError) as exc:
-        fail(str(exc))
+        fail(error_text(exc))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     console.print(f"published {v.name} v{v.version} encrypted at rest ({len(pub.targets)} files; root digest "
@@ -184,7 +184,7 @@ def refresh(repo: Path = _Repo) -> None:
     try:
         version = Repository(repo).refresh()
     except (SealflError, OSError) as exc:
-        fail(str(exc))
+        fail(error_text(exc))
     console.print(f"timestamp v{version}")
 
 
@@ -203,7 +203,7 @@ def rotate(
     try:
         version = Repository(repo).rotate(role, offline_keys, new_offline_keys)
     except (SealflError, OSError) as exc:
-        fail(str(exc))
+        fail(error_text(exc))
     console.print(f"rotated {role}: root v{version}")
 
 
