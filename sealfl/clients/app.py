@@ -48,7 +48,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.clientapp import ClientApp
 
 from sealfl.attestation import keys as _keys
-from sealfl.clients.errors import ClientError
+from sealfl.clients.errors import ClientError, DataError
 from sealfl.clients.global_record import decode_global, decode_global_state, global_int, task_of
 from sealfl.clients.kit import PartnerKit, cached_kit, kit_dir
 from sealfl.common import protocol as P
@@ -103,12 +103,31 @@ PARTNER_KEY_KEY = "partner-key"
 DATA_KEY = "data-path"
 
 
+def check_bundled_partner(task, name: str) -> None:
+    """Refuse a partner without its own data whose name is not one the task bundles demo
+    data for (``task.partners``, by exact name: a partner named ``"2"`` is not hospital 2).
+
+    Raises:
+        DataError: ``name`` is not in ``task.partners``; the message says to give ``--data``.
+    """
+    if name not in task.partners:
+        raise DataError(f"partner {name!r} has no bundled demo data (the {task.name} task has data for "
+                        f"{', '.join(task.partners)} only): give your own with --data PATH")
+
+
 def local_data(task, name: str, cfg, node_config=None):
     """The partner's training data: ``task.load_data`` with the round config ``cfg``, where
-    ``data-path`` is the node's own (``node_config``) or absent -- never the aggregator's."""
+    ``data-path`` is the node's own (``node_config``) or absent -- never the aggregator's.
+    Without one, only a partner the task bundles data for (:func:`check_bundled_partner`).
+
+    Raises:
+        DataError: no own data and no bundled data for ``name``, or the task refused the data.
+    """
     conf = {k: v for k, v in dict(cfg).items() if k != DATA_KEY}
     if node_config and node_config.get(DATA_KEY):
         conf[DATA_KEY] = str(node_config[DATA_KEY])
+    else:
+        check_bundled_partner(task, name)
     return task.load_data(name, conf)
 
 

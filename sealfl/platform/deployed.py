@@ -33,7 +33,7 @@ __all__ = ["run_deployed_campaign", "stop_previous_run", "check_superlink", "RUN
 
 #: inside the campaign directory: the app directory and FLWR_HOME of the submission
 RUN_DIR = "flwr"
-#: seconds between run-status polls (each is one ``flwr ls`` process, ~1 s of CPU)
+#: seconds between run-status looks (one Control API request each, :mod:`.control_api`)
 POLL_S = 3.0
 
 
@@ -44,6 +44,32 @@ def run_state(doc: dict, run_id: int) -> tuple[str, str]:
         if isinstance(r, dict) and str(r.get("run-id")) == str(run_id):
             return str(r.get("status", "")), str(r.get("status-details", ""))
     raise DeploymentError(f"the SuperLink does not list run {run_id}")
+
+
+class _RunLook:
+    """(status, details) of a run, asked of the SuperLink in this process
+    (:class:`~sealfl.platform.control_api.RunWatcher`); if Flower's client cannot be made
+    here, each look is one ``flwr ls --run-id`` process instead (a warning says so)."""
+
+    def __init__(self, home: Path) -> None:
+        from sealfl.platform.control_api import RunWatcher
+
+        self.home = home
+        try:
+            self.watcher: RunWatcher | None = RunWatcher(home, flwr_cli.CONNECTION)
+        except DeploymentError as exc:
+            log.warning("%s; asking with 'flwr ls' instead (one process per look)", exc)
+            self.watcher = None
+
+    def __call__(self, run_id: int) -> tuple[str, str]:
+        """Raises DeploymentError (the SuperLink cannot be asked or does not list the run)."""
+        if self.watcher is not None:
+            return self.watcher.run_status(run_id)
+        return run_state(flwr_cli.flwr_json(["ls", flwr_cli.CONNECTION, "--run-id", str(run_id)], self.home), run_id)
+
+    def close(self) -> None:
+        if self.watcher is not None:
+            self.watcher.close()
 
 
 def check_superlink(address: str, consortium_dir: Path) -> None:
@@ -83,7 +109,7 @@ def run_deployed_campaign(spec, on_round: Callable[[dict], None] | None = None, 
     Raises ConsortiumError/CampaignError (as :func:`~sealfl.platform.campaign.run_campaign`),
     DeploymentError (the SuperLink cannot be reached or refused the run), Interrupted.
     """
-    from sealfl.platform.campaign import CampaignResult, _interrupted, prepare_campaign
+    from sealfl.platform.campaign import CampaignResult, prepare_campaign
     from sealfl.platform.services import parse_hostport
     from sealfl.platform.supervisor import requested
 
@@ -112,36 +138,11 @@ def run_deployed_campaign(spec, on_round: Callable[[dict], None] | None = None, 
     run_id = int(doc["run-id"])
     cd.amend_status(deployment={"superlink": spec.superlink, "run_id": run_id, "tls": True, "node_auth": True})
     log.info("campaign submitted to %s as run %d", spec.superlink, run_id)
-    seen = 0
-    last_poll = 0.0
-    state = "pending"
-    details = ""
-    while True:
-        sig = requested()
-        if sig:
-            _stop(run_id, home)
-            raise _interrupted(cd, sig) from None
-        rounds = cd.rounds()
-        if on_round is not None:
-            for rec in rounds[seen:]:
-                try:
-                    on_round(rec)
-                except Exception:  # a progress display never stops the campaign
-                    log.exception("progress callback failed")
-        seen = max(seen, len(rounds))
-        if time.monotonic() - last_poll >= POLL_S:
-            last_poll = time.monotonic()
-            try:
-                state, details = run_state(flwr_cli.flwr_json(["ls", flwr_cli.CONNECTION, "--run-id", str(run_id)],
-                                                              home), run_id)
-            except DeploymentError as exc:
-                log.warning("cannot read the state of run %d: %s", run_id, exc)
-            if state.startswith("finished"):
-                break
-        time.sleep(0.25)
-    if on_round is not None:
-        for rec in cd.rounds()[seen:]:
-            on_round(rec)
+    look = _RunLook(home)
+    try:
+        state, details = _follow(cd, run_id, home, look, on_round, requested)
+    finally:
+        look.close()
     seconds = time.perf_counter() - t0
     cd.recover()
     status = cd.read_status()
@@ -156,7 +157,45 @@ def run_deployed_campaign(spec, on_round: Callable[[dict], None] | None = None, 
     return CampaignResult(cd.dir, status, cd.rounds(), seconds, {}, None)
 
 
-def _stop(run_id: int, home: Path, wait_s: float = 30.0) -> bool:
+def _follow(cd, run_id: int, home: Path, look, on_round, requested) -> tuple[str, str]:
+    """Show each new round of ``cd`` and look at run ``run_id`` every :data:`POLL_S` seconds
+    until the SuperLink lists it finished; returns its last (status, details). Stops the run
+    and raises Interrupted when a signal was requested."""
+    from sealfl.platform.campaign import _interrupted
+
+    seen = 0
+    last_poll = 0.0
+    state = "pending"
+    details = ""
+    while True:
+        sig = requested()
+        if sig:
+            _stop(run_id, home, look)
+            raise _interrupted(cd, sig) from None
+        rounds = cd.rounds()
+        if on_round is not None:
+            for rec in rounds[seen:]:
+                try:
+                    on_round(rec)
+                except Exception:  # a progress display never stops the campaign
+                    log.exception("progress callback failed")
+        seen = max(seen, len(rounds))
+        if time.monotonic() - last_poll >= POLL_S:
+            last_poll = time.monotonic()
+            try:
+                state, details = look(run_id)
+            except DeploymentError as exc:
+                log.warning("cannot read the state of run %d: %s", run_id, exc)
+            if state.startswith("finished"):
+                break
+        time.sleep(0.25)
+    if on_round is not None:
+        for rec in cd.rounds()[seen:]:
+            on_round(rec)
+    return state, details
+
+
+def _stop(run_id: int, home: Path, look=None, wait_s: float = 30.0) -> bool:
     """Stop the run on the SuperLink and wait (at most ``wait_s``) until it is finished, so
     no ServerApp writes the campaign directory while it is levelled. Returns True once the
     SuperLink lists the run as finished (also a run that had finished before)."""
@@ -165,9 +204,19 @@ def _stop(run_id: int, home: Path, wait_s: float = 30.0) -> bool:
     except DeploymentError as exc:  # e.g. the run had finished already: its state below says
         log.info("flwr stop %d: %s", run_id, exc)
     deadline = time.monotonic() + wait_s
+    own = look is None
+    look = look or _RunLook(home)
+    try:
+        return _wait_finished(run_id, look, deadline, wait_s)
+    finally:
+        if own:
+            look.close()
+
+
+def _wait_finished(run_id: int, look, deadline: float, wait_s: float) -> bool:
     while True:
         try:
-            state, _ = run_state(flwr_cli.flwr_json(["ls", flwr_cli.CONNECTION, "--run-id", str(run_id)], home), run_id)
+            state, _ = look(run_id)
         except DeploymentError as exc:
             log.warning("cannot read the state of run %d: %s", run_id, exc)
             return False
@@ -200,7 +249,7 @@ def stop_previous_run(cd, superlink: str, wait_s: float = 120.0) -> bool | None:
     if not (home / "config.toml").is_file():
         log.warning("no Flower connection in %s: run %d not stopped (it is fenced out)", home, dep["run_id"])
         return None
-    ok = _stop(int(dep["run_id"]), home, wait_s)
+    ok = _stop(int(dep["run_id"]), home, wait_s=wait_s)
     if ok:
         log.info("the campaign's previous run %d on %s is finished", dep["run_id"], superlink)
     else:

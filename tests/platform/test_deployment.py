@@ -159,6 +159,7 @@ def test_four_tls_supernodes_run_the_encrypted_campaign_to_the_simulations_model
         assert f"intruders/{label}/sn.log" in said[label].replace("\n", "")  # the log it names
     assert camp.wait(timeout=600) == 0, (d / "campaign.out").read_text()
     assert "campaign finished: 2 rounds" in (d / "campaign.out").read_text()
+    assert "asking with 'flwr ls' instead" not in (d / "campaign.out").read_text()  # looks made in-process
 
     dep = CampaignDir(d / "deployed")
     status = dep.read_status()
@@ -226,6 +227,35 @@ def query(msg, context):
     Path(msg.content["config"]["marker"]).write_text("the SuperLink's code ran on a partner")
     return Message(content=RecordDict(), reply_to=msg)
 """
+
+
+def test_the_coordinator_asks_for_its_runs_state_in_process_as_flwr_ls_answers(federation, tmp_path):
+    """The deployed campaign's looks at its run are Control API requests from the coordinator's
+    process (RunWatcher), not one `flwr ls` process each (~1 CPU-s apiece, every 3 s). Uses
+    the run of the first test of this module."""
+    from sealfl.platform.control_api import RunWatcher
+    from sealfl.platform.deployed import run_state
+    from sealfl.platform.errors import DeploymentError
+
+    d = federation["dir"]
+    assert (d / "deployed" / "status.json").is_file(), "needs the campaign of the first test of this module"
+    run_id = CampaignDir(d / "deployed").read_status()["deployment"]["run_id"]
+    home = d / "deployed" / "flwr" / "home"
+    via_cli = run_state(flwr_cli.flwr_json(["ls", flwr_cli.CONNECTION, "--run-id", str(run_id)], home), run_id)
+    before = os.environ.get("FLWR_HOME")
+    with RunWatcher(home, flwr_cli.CONNECTION) as look:
+        assert os.environ.get("FLWR_HOME") == before  # Flower's helpers read it; it is put back
+        status, _details = look.run_status(run_id)
+        assert status == via_cli[0] == "finished:completed"
+        with pytest.raises(DeploymentError, match="run 12345|12345"):
+            look.run_status(12345)
+    # a connection whose CA is another consortium's: the TLS handshake fails, named as the run's state
+    other = flwr_cli.write_flwr_home(tmp_path / "home", f"127.0.0.1:{federation['port']}",
+                                     d / "intruders" / "other" / "superlink" / "ca.crt")
+    with RunWatcher(other, flwr_cli.CONNECTION) as look, pytest.raises(DeploymentError, match="state of run"):
+        look.run_status(run_id)
+    with pytest.raises(DeploymentError, match="no-such-connection"):
+        RunWatcher(home, "no-such-connection")
 
 
 def test_partners_answer_only_sealfls_app_and_never_run_code_the_superlink_sends(federation, tmp_path):

@@ -250,6 +250,18 @@ def test_a_partners_own_csv_is_what_it_trains_on(tmp_path):
     assert task.n_train(task.load_data("Clinic 7", {"data-path": str(subset)})) == task.n_train(own)
 
 
+@pytest.mark.parametrize("name", ["2", "0", "cleveland", "Cleveland ", "Clinic 7"])
+def test_local_data_refuses_a_partner_without_data_or_bundled_data(name):
+    """In the ClientApp itself, not only at the CLI: a partner named "2" without --data used
+    to train silently on hospital 2's bundled split (load_partition takes an index)."""
+    task = get_task("heart")
+    with pytest.raises(DataError, match="no bundled demo data.*--data PATH"):
+        local_data(task, name, task.train_defaults(), {})
+    with pytest.raises(DataError, match="no bundled demo data"):
+        local_data(task, name, task.train_defaults(), None)
+    assert task.n_train(local_data(task, "Cleveland", task.train_defaults(), {})) > 0
+
+
 def _hostile(tmp_path, header, rows, kind):
     h, r = list(header), [x[:] for x in rows]
     p = tmp_path / f"{kind}.csv"

@@ -60,10 +60,15 @@ def _open(kit: Path, key: Path | None):
 def _data_config(task, data: Path | None, partner: str) -> dict:
     """The task's training settings with ``--data``; without it, only a partner the task has
     bundled demo data for may go on (a partner with its own key brings its own data)."""
-    if data is None and partner not in task.partners:
-        fail(f"partner {partner!r} has no bundled demo data (the {task.name} task has data for "
-             f"{', '.join(task.partners)} only): give your own with --data PATH (heart: a CSV with "
-             "heart_disease_uci.csv's columns; causal-lm: a directory of text files; docs/partner.md)")
+    from sealfl.clients.app import check_bundled_partner
+    from sealfl.clients.errors import DataError
+
+    if data is None:
+        try:
+            check_bundled_partner(task, partner)
+        except DataError as exc:
+            fail(f"{exc} (heart: a CSV with heart_disease_uci.csv's columns; causal-lm: a directory of text files; "
+                 "docs/partner.md)")
     conf = dict(task.train_defaults())
     if data is not None:
         conf["data-path"] = str(data.resolve())
