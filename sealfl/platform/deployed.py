@@ -115,7 +115,7 @@ def run_deployed_campaign(spec, on_round: Callable[[dict], None] | None = None, 
 
     parse_hostport(spec.superlink)
     if prepared is None:  # settings, then the SuperLink, before the campaign directory is written
-        from sealfl.platform.campaign import preflight
+        from sealfl.platform.campaign_checks import preflight
 
         preflight(spec)
         check_superlink(spec.superlink, Path(spec.consortium_dir))

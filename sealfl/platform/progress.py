@@ -5,7 +5,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from sealfl.platform.campaign import CampaignResult, CampaignSpec, preflight, run_campaign
+from sealfl.platform.campaign import CampaignResult, CampaignSpec, run_campaign
+from sealfl.platform.campaign_checks import preflight
 
 
 def run_campaign_with_progress(spec: CampaignSpec, console: Console, **kwargs) -> CampaignResult:

@@ -29,7 +29,8 @@ from typing import Callable
 
 from sealfl.common.errors import Interrupted, signal_name
 from sealfl.common.procs import identity
-from sealfl.platform.campaign import CampaignResult, CampaignSpec, check_public_context, simulate_prepared
+from sealfl.platform.campaign import CampaignResult, CampaignSpec, simulate_prepared
+from sealfl.platform.campaign_checks import check_public_context
 from sealfl.platform.consortium import Consortium
 from sealfl.platform.errors import CampaignError
 from sealfl.platform.simulate import plan_ray

@@ -36,6 +36,7 @@ caller records it in ``rounds.jsonl`` and goes on while ``min_partners`` remain.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -43,11 +44,11 @@ from sealfl.attestation import keys as _keys
 from sealfl.attestation.errors import KeyFormatError
 from sealfl.common import protocol as P
 from sealfl.common.errors import plain_text
-from sealfl.server.errors import ReplyError, ServerError
+from sealfl.server.errors import NotEnoughPartnersError, ReplyError, ServerError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Roster", "Screened", "screen", "Overdue", "collect_late"]
+__all__ = ["Roster", "Screened", "screen", "Overdue", "collect_late", "connected_partner_nodes"]
 
 #: the SuperLink's own node id (flwr.common.constant.SUPERLINK_NODE_ID in flwr 1.42)
 SUPERLINK_NODE_ID = 1
@@ -307,3 +308,32 @@ def _claim_or(label: str, content: Any) -> str:
         return f"{_claimed_name(content)[:64]}? ({label})"
     except ReplyError:
         return label
+
+
+#: seconds between two looks at the connected nodes while fewer than min_partners are
+POLL_S = 0.5
+
+
+def connected_partner_nodes(grid, roster: Roster, min_partners: int, wait_s: float,
+                            phase: str) -> tuple[list[int], dict[str, str]]:
+    """The nodes of bound partners that are connected, as soon as at least
+    ``min_partners`` are (waiting at most ``wait_s`` seconds), and ``{partner: "not
+    connected"}`` for the bound partners that are not.
+
+    Raises NotEnoughPartnersError if fewer than ``min_partners`` stay connected for ``wait_s``.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        connected = set(grid.get_node_ids())
+        nodes = [n for n in roster.bound_nodes() if n in connected]
+        if len(nodes) >= min_partners:
+            absent = {p: f"not connected at the start of the {phase} round" for p, n in roster.node_of.items()
+                      if n not in connected}
+            for p, why in absent.items():
+                log.warning("partner %s (node %d): %s", p, roster.node_of[p], why)
+            return nodes, absent
+        if time.monotonic() >= deadline:
+            raise NotEnoughPartnersError(
+                f"{phase} round: only {len(nodes)} partner node(s) connected for {wait_s:.0f} s "
+                f"({', '.join(roster.partner_of[n] for n in nodes) or 'none'}), min_partners={min_partners}")
+        time.sleep(POLL_S)

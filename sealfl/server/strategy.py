@@ -57,58 +57,12 @@ from sealfl.he.framed import PACKED
 from sealfl.server.aggregate import RunningSum
 from sealfl.server.bookkeeping import CampaignDir
 from sealfl.server.errors import NotEnoughPartnersError, ReplyError, SecretKeyPresentError, ServerError
-from sealfl.server.intake import Overdue, Roster, collect_late, screen
+from sealfl.server.intake import Overdue, Roster, collect_late, connected_partner_nodes, screen
 from sealfl.server.sharded import ray_cpus, shard_count, sharded_sum
+from sealfl.server.streaming import aggregate_timing
 from sealfl.server.validation import ReplyLimits, parse_eval_reply, parse_train_reply, split_evaluation
 
 log = logging.getLogger(__name__)
-
-#: seconds between two looks at the connected nodes while fewer than min_partners are
-POLL_S = 0.5
-
-
-def connected_partner_nodes(grid: Grid, roster: Roster, min_partners: int, wait_s: float,
-                            phase: str) -> tuple[list[int], dict[str, str]]:
-    """The nodes of bound partners that are connected, as soon as at least
-    ``min_partners`` are (waiting at most ``wait_s`` seconds), and ``{partner: "not
-    connected"}`` for the bound partners that are not.
-
-    Raises NotEnoughPartnersError if fewer than ``min_partners`` stay connected for ``wait_s``.
-    """
-    deadline = time.monotonic() + wait_s
-    while True:
-        connected = set(grid.get_node_ids())
-        nodes = [n for n in roster.bound_nodes() if n in connected]
-        if len(nodes) >= min_partners:
-            absent = {p: f"not connected at the start of the {phase} round" for p, n in roster.node_of.items()
-                      if n not in connected}
-            for p, why in absent.items():
-                log.warning("partner %s (node %d): %s", p, roster.node_of[p], why)
-            return nodes, absent
-        if time.monotonic() >= deadline:
-            raise NotEnoughPartnersError(
-                f"{phase} round: only {len(nodes)} partner node(s) connected for {wait_s:.0f} s "
-                f"({', '.join(roster.partner_of[n] for n in nodes) or 'none'}), min_partners={min_partners}")
-        time.sleep(POLL_S)
-
-
-def aggregate_timing(replies: Iterable[Message], t0: float) -> dict[str, float]:
-    """Seconds of a round's aggregation begun at ``time.perf_counter()`` = ``t0``, for the
-    round log: ``aggregate_seconds`` (checking and adding, without the waits for replies
-    of a :class:`~sealfl.server.streaming.ReplyStream`) and ``aggregate_after_last_reply_seconds``
-    (from the last reply's arrival -- or ``t0``, for replies that all came at once -- to now,
-    without waits for partners that never answered: the part no partner's work overlaps)."""
-    now = time.perf_counter()
-    waited = float(getattr(replies, "waited_s", 0.0))
-    last = getattr(replies, "last_arrival", None)
-    if last is None or last <= t0:  # nothing arrived in the stream, or a list: all came at once
-        last, waited_after = t0, waited
-    else:
-        waited_after = float(getattr(replies, "waited_after_last_s", 0.0))
-    # never below 0 (a stream partly read before t0 would count waits that t0 does not span)
-    return {"aggregate_seconds": max(0.0, now - t0 - waited),
-            "aggregate_after_last_reply_seconds": max(0.0, now - last - waited_after)}
-
 
 class EncryptedFedAvg(FedAvg):
     """FedAvg over HE ciphertexts (CKKS or packed BFV).

@@ -190,3 +190,21 @@ class StreamingGrid:
         ids = list(self.inner.push_messages(messages))
         del messages
         return ReplyStream(self.inner, ids, timeout, self.interval_s)
+
+
+def aggregate_timing(replies: Iterable, t0: float) -> dict[str, float]:
+    """Seconds of a round's aggregation begun at ``time.perf_counter()`` = ``t0``, for the
+    round log: ``aggregate_seconds`` (checking and adding, without the waits for replies
+    of a :class:`~sealfl.server.streaming.ReplyStream`) and ``aggregate_after_last_reply_seconds``
+    (from the last reply's arrival -- or ``t0``, for replies that all came at once -- to now,
+    without waits for partners that never answered: the part no partner's work overlaps)."""
+    now = time.perf_counter()
+    waited = float(getattr(replies, "waited_s", 0.0))
+    last = getattr(replies, "last_arrival", None)
+    if last is None or last <= t0:  # nothing arrived in the stream, or a list: all came at once
+        last, waited_after = t0, waited
+    else:
+        waited_after = float(getattr(replies, "waited_after_last_s", 0.0))
+    # never below 0 (a stream partly read before t0 would count waits that t0 does not span)
+    return {"aggregate_seconds": max(0.0, now - t0 - waited),
+            "aggregate_after_last_reply_seconds": max(0.0, now - last - waited_after)}

@@ -230,7 +230,8 @@ def test_the_release_refuses_a_campaign_whose_optimizer_it_cannot_read(tmp_path)
     ({"server_opt": None}, "must be a ServerOpt"),
 ])
 def test_campaign_spec_refuses_optimizer_settings_outside_server_opt(kw, what, tmp_path):
-    from sealfl.platform.campaign import CampaignSpec, check_spec
+    from sealfl.platform.campaign import CampaignSpec
+    from sealfl.platform.campaign_checks import check_spec
     from sealfl.platform.errors import CampaignError
 
     with pytest.raises(CampaignError, match=what):

@@ -15,8 +15,7 @@ import pytest
 
 from sealfl.server import streaming
 from sealfl.server.errors import ReplyStreamError
-from sealfl.server.strategy import aggregate_timing
-from sealfl.server.streaming import DEFAULT_PULL_INTERVAL_S, StreamingGrid
+from sealfl.server.streaming import DEFAULT_PULL_INTERVAL_S, StreamingGrid, aggregate_timing
 from tests.support.fakegrid import StubGrid
 
 

@@ -18,7 +18,7 @@ each), ``consistent_snapshot`` on; each role's expiry comes from ``repo.json``
 (:data:`DEFAULT_EXPIRY_DAYS`). A release is published as one target per file plus the index
 :data:`~sealfl.attestation.repo_index.INDEX_TARGET` (:mod:`sealfl.attestation.repo_index`);
 every change re-signs snapshot and timestamp. Every document this module writes is checked
-against its delegator before it is written (``verify_delegate``), so a threshold that is not
+against its delegator before it is written (:mod:`.signing`), so a threshold that is not
 met fails here, not on the devices.
 
 Sources: TUF specification 1.0 (sections 4 and 5 for the roles and the client workflow),
@@ -67,6 +67,7 @@ from sealfl.platform.repo.keys import (
     write_key,
     write_root_keys,
 )
+from sealfl.platform.repo.signing import sign_delegated, sign_root
 
 __all__ = ["REPO_FILE", "REPO_SCHEMA", "DEFAULT_EXPIRY_DAYS", "ROLES", "Repository", "PublishedRelease"]
 
@@ -362,33 +363,11 @@ class Repository:
         atomic_write(self.metadata_dir / f"{role}.json", data, 0o644)
 
     def _sign_root(self, root_md: Metadata, signers: dict[str, Signer], previous: Metadata | None) -> None:
-        """Sign with every available key the new root (and the previous one) lists; check
-        both thresholds before writing."""
-        root_md.signatures.clear()
-        wanted = set(root_md.signed.roles["root"].keyids)
-        if previous is not None:
-            wanted |= set(previous.signed.roles["root"].keyids)
-        for keyid in sorted(wanted & set(signers)):
-            root_md.sign(signers[keyid], append=True)
-        try:
-            if previous is not None:
-                previous.signed.verify_delegate("root", root_md.signed_bytes, root_md.signatures)
-            root_md.signed.verify_delegate("root", root_md.signed_bytes, root_md.signatures)
-        except Exception as exc:
-            have = len(wanted & set(signers))
-            raise RepoError(f"the new root is not signed by the root threshold ({ROOT_THRESHOLD} of the old and of the "
-                            f"new keys; {have} usable root keys found): {exc}") from None
+        sign_root(root_md, signers, previous)
         self._write(root_md)
 
     def _sign_write(self, md: Metadata, signer: Signer, root_md: Metadata) -> None:
-        md.signatures.clear()
-        md.sign(signer, append=True)
-        try:
-            root_md.signed.verify_delegate(md.signed.type, md.signed_bytes, md.signatures)
-        except Exception as exc:
-            raise RepoError(f"{md.signed.type} signed with {self.keys_dir}/{md.signed.type}.pem does not verify "
-                            f"against root v{root_md.signed.version}: {exc}; the key file is not the one the root "
-                            "lists") from None
+        sign_delegated(md, signer, root_md, f"{self.keys_dir}/{md.signed.type}.pem")
         self._write(md)
 
     def _resnapshot(self, root_md: Metadata, targets_md: Metadata, snap_signer: Signer, ts_signer: Signer,
