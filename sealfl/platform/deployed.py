@@ -4,7 +4,8 @@ The same campaign directory as a simulated campaign (:func:`sealfl.platform.camp
 writes it; the ServerApp on the SuperLink writes status.json, rounds.jsonl and checkpoints),
 submitted as ``flwr run`` does (Flower's Control API over TLS, checked against the
 aggregator kit's ``ca.crt``) with ``--run-config campaign-dir=...``. The coordinator then
-polls the run (``flwr ls --run-id``) and the round log until the run ends.
+looks at the run (Flower's Control API from this process, :mod:`.control_api`; ``flwr ls
+--run-id`` if that client cannot be made) and the round log until the run ends.
 
 The ServerApp runs in a ``flwr-serverapp`` process started by the SuperLink's SuperExec
 on the SuperLink's host: the campaign directory must be a path that host can write (the

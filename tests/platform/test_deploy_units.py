@@ -78,3 +78,29 @@ def test_a_partner_killed_with_9_leaves_a_private_directory_the_next_start_sweep
     assert not stale_private_dir("sealfl-partner-124-456-ab_cd", alive)   # still running
     for other in ("sealfl-partner-abc", "sealfl-partner-123-x-ab", "sealfl-run-123-456-ab", "sealfl-partner-1-2-3-4"):
         assert not stale_private_dir(other, alive), other                 # not ours to judge: never removed
+
+
+def test_the_run_look_falls_back_to_flwr_ls_when_flowers_client_cannot_be_made(tmp_path, monkeypatch, caplog):
+    """A FLWR_HOME without the connection: the in-process client is refused (DeploymentError
+    naming the connection) and each look is one `flwr ls` answer instead (here a recorded one)."""
+    from sealfl.platform import deployed
+    from sealfl.platform.control_api import RunWatcher, status_text
+
+    with pytest.raises(DeploymentError, match="connection 'sealfl'"):
+        RunWatcher(tmp_path, flwr_cli.CONNECTION)
+    asked = []
+
+    def fake_flwr_json(args, home, timeout_s=60.0):
+        asked.append((args, home))
+        return {"runs": [{"run-id": "7", "status": "finished:failed", "status-details": "ServerApp raised"}]}
+
+    monkeypatch.setattr(flwr_cli, "flwr_json", fake_flwr_json)
+    with caplog.at_level("WARNING"):
+        look = deployed._RunLook(tmp_path)
+    assert look.watcher is None and "asking with 'flwr ls' instead" in caplog.text
+    assert look(7) == ("finished:failed", "ServerApp raised")
+    assert asked == [(["ls", flwr_cli.CONNECTION, "--run-id", "7"], tmp_path)]
+    with pytest.raises(DeploymentError, match="does not list run 8"):
+        look(8)
+    look.close()
+    assert status_text("running", "") == "running" and status_text("finished", "stopped") == "finished:stopped"
