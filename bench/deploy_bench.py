@@ -33,7 +33,7 @@ time with every partner at once (``--cpus-per-partner`` = cores / partners), and
 table gives deployment over each.
 
 Run: ``.venv/bin/python bench/deploy_bench.py [--task heart] [--rounds 12]`` (heart ~8 min
-here; causal-lm with 3 rounds ~40 min). Prints a table and writes
+here; causal-lm with 3 rounds ~15 min). Prints a table and writes
 ``bench/results/deploy.json`` (heart) or ``bench/results/deploy_llm.json``. Ratios are of
 runtimes in the same run; absolute seconds depend on the machine and its load (recorded).
 """
@@ -236,7 +236,9 @@ def causal_lm(work: Path, rounds: int, local_steps: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--task", choices=("heart", "causal-lm"), default="heart")
-    ap.add_argument("--rounds", type=int, default=None, help="rounds per campaign (heart 12: single heart rounds vary by a second on a shared 2-core box; causal-lm 3)")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="rounds per campaign (heart 12: single heart rounds vary by a second on a shared 2-core "
+                         "box; causal-lm 3)")
     ap.add_argument("--local-steps", type=int, default=6, help="causal-lm: LoRA steps per round (the LLM demo's)")
     ap.add_argument("--keep", action="store_true",
                     help="keep the working directory (consortium, campaigns, every process's log); it is kept "
