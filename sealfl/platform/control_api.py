@@ -18,6 +18,8 @@ The answer is read as ``flwr ls`` reads it (status and sub-status joined by ``:`
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
 import threading
@@ -56,12 +58,17 @@ class RunWatcher:
         with _ENV_LOCK:
             before = os.environ.get("FLWR_HOME")
             os.environ["FLWR_HOME"] = str(flwr_home)
+            said = io.StringIO()
             try:
-                self._client = init_http_client_from_connection(read_superlink_connection(connection))
+                # Flower's helper prints "Using SuperLink: ..." to stdout: not into `campaign run --json`
+                with contextlib.redirect_stdout(said):
+                    self._client = init_http_client_from_connection(read_superlink_connection(connection))
             except Exception as exc:  # click.ClickException, ValueError, OSError: Flower's own text
                 raise DeploymentError(f"cannot make a Control API client for connection {connection!r} of "
                                       f"{flwr_home}: {plain_text(str(exc))}") from exc
             finally:
+                if said.getvalue().strip():
+                    log.debug("flwr: %s", said.getvalue().strip())
                 if before is None:
                     os.environ.pop("FLWR_HOME", None)
                 else:

@@ -229,7 +229,7 @@ def query(msg, context):
 """
 
 
-def test_the_coordinator_asks_for_its_runs_state_in_process_as_flwr_ls_answers(federation, tmp_path):
+def test_the_coordinator_asks_for_its_runs_state_in_process_as_flwr_ls_answers(federation, tmp_path, capsys):
     """The deployed campaign's looks at its run are Control API requests from the coordinator's
     process (RunWatcher), not one `flwr ls` process each (~1 CPU-s apiece, every 3 s). Uses
     the run of the first test of this module."""
@@ -243,8 +243,10 @@ def test_the_coordinator_asks_for_its_runs_state_in_process_as_flwr_ls_answers(f
     home = d / "deployed" / "flwr" / "home"
     via_cli = run_state(flwr_cli.flwr_json(["ls", flwr_cli.CONNECTION, "--run-id", str(run_id)], home), run_id)
     before = os.environ.get("FLWR_HOME")
+    capsys.readouterr()
     with RunWatcher(home, flwr_cli.CONNECTION) as look:
         assert os.environ.get("FLWR_HOME") == before  # Flower's helpers read it; it is put back
+        assert capsys.readouterr().out == ""  # Flower's "Using SuperLink: ..." stays out of --json output
         status, _details = look.run_status(run_id)
         assert status == via_cli[0] == "finished:completed"
         with pytest.raises(DeploymentError, match="run 12345|12345"):
