@@ -31,6 +31,9 @@ after the round closed (Flower keeps a message for its TTL, 12 h); :func:`collec
 pulls such replies later by message id, so they are recorded as late and never counted.
 A refused reply is logged (partner, node ids, reason) and returned in ``rejected``; the
 caller records it in ``rounds.jsonl`` and goes on while ``min_partners`` remain.
+
+Before a round is sent, :func:`connected_partner_nodes` picks its destinations: the bound
+partners' nodes connected now, as soon as ``min_partners`` of them are.
 """
 
 from __future__ import annotations
