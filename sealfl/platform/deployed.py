@@ -19,6 +19,7 @@ directory is levelled with its last committed round and marked ``interrupted`` (
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -36,6 +37,12 @@ __all__ = ["run_deployed_campaign", "stop_previous_run", "check_superlink", "RUN
 RUN_DIR = "flwr"
 #: seconds between run-status looks (one Control API request each, :mod:`.control_api`)
 POLL_S = 3.0
+#: seconds one look may take before it counts as unanswered (a stopped or overloaded SuperLink
+#: would otherwise hold the coordinator for Flower's 30-s request timeout, Ctrl-C included)
+LOOK_TIMEOUT_S = 10.0
+#: seconds Ctrl-C / SIGTERM spends stopping the run on the SuperLink (``flwr stop`` and waiting
+#: for it) before the directory is levelled anyway: the stopped run is fenced out by the epoch
+STOP_ON_SIGNAL_S = 10.0
 
 
 def run_state(doc: dict, run_id: int) -> tuple[str, str]:
@@ -62,11 +69,40 @@ class _RunLook:
             log.warning("%s; asking with 'flwr ls' instead (one process per look)", exc)
             self.watcher = None
 
-    def __call__(self, run_id: int) -> tuple[str, str]:
-        """Raises DeploymentError (the SuperLink cannot be asked or does not list the run)."""
+    def __call__(self, run_id: int, timeout_s: float = LOOK_TIMEOUT_S,
+                 abandon: Callable[[], object] | None = None) -> tuple[str, str]:
+        """Asked in a helper thread, waited for at most ``timeout_s`` and only while
+        ``abandon()`` is false (a signal arrived: the answer is not waited for).
+
+        Raises DeploymentError (the SuperLink cannot be asked, did not answer in time or
+        does not list the run; or ``abandon()`` turned true)."""
+        box: dict = {}
+
+        def ask() -> None:
+            try:
+                box["answer"] = self._ask(run_id)
+            except Exception as exc:  # noqa: BLE001 - handed to the waiting thread
+                box["error"] = exc
+
+        t = threading.Thread(target=ask, name="sealfl-run-look", daemon=True)
+        t.start()
+        deadline = time.monotonic() + timeout_s
+        while t.is_alive() and time.monotonic() < deadline and not (abandon is not None and abandon()):
+            t.join(0.1)
+        if "answer" in box:
+            return box["answer"]
+        if "error" in box:
+            exc = box["error"]
+            raise exc if isinstance(exc, DeploymentError) else DeploymentError(str(exc))
+        if t.is_alive() and abandon is not None and abandon():
+            raise DeploymentError(f"the look at run {run_id} was abandoned (a signal arrived)")
+        raise DeploymentError(f"the SuperLink did not answer within {timeout_s:g} s")
+
+    def _ask(self, run_id: int) -> tuple[str, str]:
         if self.watcher is not None:
             return self.watcher.run_status(run_id)
-        return run_state(flwr_cli.flwr_json(["ls", flwr_cli.CONNECTION, "--run-id", str(run_id)], self.home), run_id)
+        return run_state(flwr_cli.flwr_json(["ls", flwr_cli.CONNECTION, "--run-id", str(run_id)], self.home,
+                                            timeout_s=LOOK_TIMEOUT_S), run_id)
 
     def close(self) -> None:
         if self.watcher is not None:
@@ -171,7 +207,7 @@ def _follow(cd, run_id: int, home: Path, look, on_round, requested) -> tuple[str
     while True:
         sig = requested()
         if sig:
-            _stop(run_id, home, look)
+            _stop(run_id, home, look, wait_s=STOP_ON_SIGNAL_S)  # not seen stopped: fenced out by the epoch
             raise _interrupted(cd, sig) from None
         rounds = cd.rounds()
         if on_round is not None:
@@ -184,9 +220,10 @@ def _follow(cd, run_id: int, home: Path, look, on_round, requested) -> tuple[str
         if time.monotonic() - last_poll >= POLL_S:
             last_poll = time.monotonic()
             try:
-                state, details = look(run_id)
+                state, details = look(run_id, abandon=requested)
             except DeploymentError as exc:
-                log.warning("cannot read the state of run %d: %s", run_id, exc)
+                if not requested():
+                    log.warning("cannot read the state of run %d: %s", run_id, exc)
             if state.startswith("finished"):
                 break
         time.sleep(0.25)
@@ -197,14 +234,15 @@ def _follow(cd, run_id: int, home: Path, look, on_round, requested) -> tuple[str
 
 
 def _stop(run_id: int, home: Path, look=None, wait_s: float = 30.0) -> bool:
-    """Stop the run on the SuperLink and wait (at most ``wait_s``) until it is finished, so
-    no ServerApp writes the campaign directory while it is levelled. Returns True once the
-    SuperLink lists the run as finished (also a run that had finished before)."""
+    """Stop the run on the SuperLink and wait (at most ``wait_s`` in all, the ``flwr stop``
+    included) until it is finished, so no ServerApp writes the campaign directory while it
+    is levelled. Returns True once the SuperLink lists the run as finished (also a run that
+    had finished before)."""
+    deadline = time.monotonic() + wait_s
     try:
-        flwr_cli.flwr_json(["stop", str(run_id), flwr_cli.CONNECTION], home, timeout_s=30.0)
+        flwr_cli.flwr_json(["stop", str(run_id), flwr_cli.CONNECTION], home, timeout_s=min(30.0, wait_s))
     except DeploymentError as exc:  # e.g. the run had finished already: its state below says
         log.info("flwr stop %d: %s", run_id, exc)
-    deadline = time.monotonic() + wait_s
     own = look is None
     look = look or _RunLook(home)
     try:
@@ -217,7 +255,7 @@ def _stop(run_id: int, home: Path, look=None, wait_s: float = 30.0) -> bool:
 def _wait_finished(run_id: int, look, deadline: float, wait_s: float) -> bool:
     while True:
         try:
-            state, _ = look(run_id)
+            state, _ = look(run_id, timeout_s=round(max(0.5, min(LOOK_TIMEOUT_S, deadline - time.monotonic())), 1))
         except DeploymentError as exc:
             log.warning("cannot read the state of run %d: %s", run_id, exc)
             return False
