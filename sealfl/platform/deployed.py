@@ -40,6 +40,12 @@ POLL_S = 3.0
 #: seconds one look may take before it counts as unanswered (a stopped or overloaded SuperLink
 #: would otherwise hold the coordinator for Flower's 30-s request timeout, Ctrl-C included)
 LOOK_TIMEOUT_S = 10.0
+#: seconds without an answer from the SuperLink after which ``campaign run`` stops following
+#: the run and marks the campaign failed (resumable): a SuperLink killed and started again
+#: fails its runs anyway (Flower 1.42), so waiting longer only delays the resume
+UNANSWERED_S = 120.0
+#: seconds between the warnings while the SuperLink does not answer
+UNANSWERED_WARN_S = 30.0
 #: seconds Ctrl-C / SIGTERM spends stopping the run on the SuperLink (``flwr stop`` and waiting
 #: for it) before the directory is levelled anyway: the stopped run is fenced out by the epoch
 STOP_ON_SIGNAL_S = 10.0
@@ -178,6 +184,13 @@ def run_deployed_campaign(spec, on_round: Callable[[dict], None] | None = None, 
     look = _RunLook(home)
     try:
         state, details = _follow(cd, run_id, home, look, on_round, requested)
+    except _Unanswered as exc:
+        rnd = int(cd.mark_abandoned(f"{exc}; the coordinator stopped following run {run_id}").get("round", 0))
+        where = f"after round {rnd} (its checkpoint is intact)" if rnd else "before the first round finished"
+        raise DeploymentError(f"the SuperLink at {spec.superlink} has not answered for {exc.seconds:.0f} s "
+                              f"({exc.last}); campaign {cd.dir} stopped {where} and is marked failed. Once the "
+                              f"SuperLink runs again: 'sealfl campaign resume {cd.dir} -c {cons.dir} --superlink "
+                              f"{spec.superlink}'") from None
     finally:
         look.close()
     seconds = time.perf_counter() - t0
@@ -194,6 +207,14 @@ def run_deployed_campaign(spec, on_round: Callable[[dict], None] | None = None, 
     return CampaignResult(cd.dir, status, cd.rounds(), seconds, {}, None)
 
 
+class _Unanswered(DeploymentError):
+    """The SuperLink has not answered the run looks for ``seconds`` (last error ``last``)."""
+
+    def __init__(self, seconds: float, last: str) -> None:
+        super().__init__(f"the SuperLink has not answered for {seconds:.0f} s ({last})")
+        self.seconds, self.last = seconds, last
+
+
 def _follow(cd, run_id: int, home: Path, look, on_round, requested) -> tuple[str, str]:
     """Show each new round of ``cd`` and look at run ``run_id`` every :data:`POLL_S` seconds
     until the SuperLink lists it finished; returns its last (status, details). Stops the run
@@ -204,6 +225,8 @@ def _follow(cd, run_id: int, home: Path, look, on_round, requested) -> tuple[str
     last_poll = 0.0
     state = "pending"
     details = ""
+    unanswered_since = None  # monotonic time of the first look of an outage without an answer
+    warned = 0.0
     while True:
         sig = requested()
         if sig:
@@ -222,8 +245,21 @@ def _follow(cd, run_id: int, home: Path, look, on_round, requested) -> tuple[str
             try:
                 state, details = look(run_id, abandon=requested)
             except DeploymentError as exc:
-                if not requested():
-                    log.warning("cannot read the state of run %d: %s", run_id, exc)
+                now = time.monotonic()
+                if requested():
+                    continue  # acted on at the top of the loop
+                if unanswered_since is None:
+                    unanswered_since = warned = now
+                    log.warning("%s; waiting up to %.0f s for the SuperLink to answer", exc, UNANSWERED_S)
+                elif now - unanswered_since >= UNANSWERED_S:
+                    raise _Unanswered(now - unanswered_since, str(exc)) from exc
+                elif now - warned >= UNANSWERED_WARN_S:
+                    warned = now
+                    log.warning("the SuperLink has not answered for %.0f s (%s)", now - unanswered_since, exc)
+            else:
+                if unanswered_since is not None:
+                    log.warning("the SuperLink answers again after %.0f s", time.monotonic() - unanswered_since)
+                unanswered_since = None
             if state.startswith("finished"):
                 break
         time.sleep(0.25)
@@ -257,7 +293,7 @@ def _wait_finished(run_id: int, look, deadline: float, wait_s: float) -> bool:
         try:
             state, _ = look(run_id, timeout_s=round(max(0.5, min(LOOK_TIMEOUT_S, deadline - time.monotonic())), 1))
         except DeploymentError as exc:
-            log.warning("cannot read the state of run %d: %s", run_id, exc)
+            log.warning("run %d not seen stopped: %s", run_id, exc)
             return False
         if state.startswith("finished"):
             return True

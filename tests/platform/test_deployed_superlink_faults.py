@@ -91,3 +91,51 @@ def test_ctrl_c_ends_a_deployed_campaign_promptly_while_its_superlink_does_not_a
         assert "interrupted:" in said and cd.read_status()["status"] == "interrupted"
     finally:
         _stop_all([camp, sl], [flower])
+
+
+def test_a_campaign_whose_superlink_was_killed_stops_following_it_and_says_how_to_resume(cons, tmp_path):
+    """kill -9 of the SuperLink (flower-superlink and its launcher) mid-campaign: `campaign run`
+    used to warn every 3 s forever. Now it warns once, gives up after UNANSWERED_S (lowered
+    to 12 s here; 120 s by default) without an answer, marks the campaign failed (resumable,
+    the stale run fenced out by a new epoch), says how to resume and exits 1."""
+    import sys
+
+    from tests.platform.test_deployment import ROOT, _env
+
+    port = _free_port()
+    sl = _sealfl(["superlink", "start", cons.dir / "superlink", "--port", port, "--state", tmp_path / "state"],
+                 tmp_path / "superlink.out")
+    camp = None
+    tree: set[int] = set()
+    try:
+        _wait(lambda: "SuperLink on" in (tmp_path / "superlink.out").read_text() or sl.poll() is not None,
+              "the SuperLink", 90)
+        main = ("import sys; import sealfl.platform.deployed as d; d.UNANSWERED_S = 12.0; "
+                "from sealfl.platform.cli import main; sys.argv[0] = 'sealfl'; main()")
+        with open(tmp_path / "camp.out", "wb") as fh:
+            camp = subprocess.Popen([sys.executable, "-c", main, "campaign", "run", "-c", str(cons.dir), "--out",
+                                     str(tmp_path / "camp"), "--rounds", "3", "--superlink", f"127.0.0.1:{port}"],
+                                    stdout=fh, stderr=fh, stdin=subprocess.DEVNULL, env=_env(), cwd=ROOT)
+        cd = CampaignDir(tmp_path / "camp")
+        _wait(lambda: camp.poll() is not None or (cd.status_path.exists()
+                                                  and "deployment" in cd.status_path.read_text()),
+              "the run's submission", 120)
+        assert camp.poll() is None, (tmp_path / "camp.out").read_text()
+        epoch = cd.read_status()["epoch"]
+        time.sleep(4.0)
+        tree = _descendants(sl.pid)
+        for pid in [p for p in tree if "flower-superlink" in Path(f"/proc/{p}/cmdline").read_text()] + [sl.pid]:
+            os.kill(pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        rc = camp.wait(timeout=90)
+        took = time.monotonic() - t0
+        said = (tmp_path / "camp.out").read_text()
+        assert rc == 1, said
+        assert 12.0 <= took < 45.0, (took, said)
+        assert "has not answered for" in said and "sealfl campaign resume" in said, said
+        assert said.count("waiting up to 12 s for the SuperLink to answer") == 1, said  # not a warning per look
+        status = cd.read_status()
+        assert status["status"] == "failed" and "has not answered" in status["error"], status
+        assert status["epoch"] == epoch + 1  # the run, should its SuperLink come back, cannot write here
+    finally:
+        _stop_all([p for p in (camp, sl) if p is not None], list(tree))
