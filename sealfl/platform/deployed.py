@@ -143,11 +143,13 @@ def check_superlink(address: str, consortium_dir: Path) -> None:
                                   "written)") from exc
 
 
-def run_deployed_campaign(spec, on_round: Callable[[dict], None] | None = None, prepared=None):
+def run_deployed_campaign(spec, on_round: Callable[[dict], None] | None = None, prepared=None,
+                          checked: bool = False):
     """Run ``spec`` (a :class:`~sealfl.platform.campaign.CampaignSpec` with ``superlink``)
     on the SuperLink to the end. Returns a :class:`~sealfl.platform.campaign.CampaignResult`.
     ``prepared``: (consortium, campaign dir) already prepared (a resume); else
     :func:`~sealfl.platform.campaign.prepare_campaign` prepares them from ``spec``.
+    ``checked``: :func:`check_superlink` has just passed for ``spec`` (not asked again).
 
     Raises ConsortiumError/CampaignError (as :func:`~sealfl.platform.campaign.run_campaign`),
     DeploymentError (the SuperLink cannot be reached or refused the run), Interrupted.
@@ -161,7 +163,8 @@ def run_deployed_campaign(spec, on_round: Callable[[dict], None] | None = None, 
         from sealfl.platform.campaign_checks import preflight
 
         preflight(spec)
-        check_superlink(spec.superlink, Path(spec.consortium_dir))
+        if not checked:
+            check_superlink(spec.superlink, Path(spec.consortium_dir))
     cons, cd = prepared if prepared is not None else prepare_campaign(spec)
     ca = cons.dir / "aggregator" / CA_FILE
     if not ca.is_file():
