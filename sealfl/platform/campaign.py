@@ -170,7 +170,7 @@ def prepare_campaign(spec: CampaignSpec) -> tuple[Consortium, CampaignDir]:
 
 def run_campaign(spec: CampaignSpec, on_round: Callable[[dict], None] | None = None, *,
                  client_app: str | None = None, client_app_kwargs: dict | None = None,
-                 app_dir: str | None = None) -> CampaignResult:
+                 app_dir: str | None = None, superlink_checked: bool = False) -> CampaignResult:
     """Run a campaign to the end.
 
     Args:
@@ -181,6 +181,8 @@ def run_campaign(spec: CampaignSpec, on_round: Callable[[dict], None] | None = N
             partner app, ``sealfl.clients.app:make_client_app``; tests inject faults).
         app_dir: directory put first on ``sys.path`` / ``PYTHONPATH`` so that module imports
             in the worker and in Ray's workers.
+        superlink_checked: the caller has just checked ``spec.superlink``
+            (:func:`~sealfl.platform.deployed.check_superlink`): not asked again.
     Raises:
         ConsortiumError: ``spec.consortium_dir`` is not a consortium.
         CampaignError: bad settings, ``out_dir`` holds an earlier or running campaign, or
@@ -192,7 +194,7 @@ def run_campaign(spec: CampaignSpec, on_round: Callable[[dict], None] | None = N
     if spec.superlink:
         from sealfl.platform.deployed import run_deployed_campaign
 
-        return run_deployed_campaign(spec, on_round)
+        return run_deployed_campaign(spec, on_round, checked=superlink_checked)
     preflight(spec)  # settings before Ray's address (as before); prepare_campaign checks again
     plan = plan_ray(spec.ray_address, spec.cpus_per_partner)
     cons, cd = prepare_campaign(spec)

@@ -87,7 +87,7 @@ class RunWatcher:
         try:
             res = self._client.ListRuns(ListRunsRequest(run_id=int(run_id)))
         except Exception as exc:  # transport and RPC errors of Flower's HTTP client
-            raise DeploymentError(f"cannot read the state of run {run_id}: {plain_text(str(exc))}") from exc
+            raise DeploymentError(f"no answer about run {run_id}: {plain_text(str(exc))}") from exc
         run = res.run_dict.get(int(run_id)) if res is not None else None
         if run is None:
             raise DeploymentError(f"the SuperLink does not list run {run_id}")

@@ -19,6 +19,7 @@ directory is levelled with its last committed round and marked ``interrupted`` (
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -36,6 +37,18 @@ __all__ = ["run_deployed_campaign", "stop_previous_run", "check_superlink", "RUN
 RUN_DIR = "flwr"
 #: seconds between run-status looks (one Control API request each, :mod:`.control_api`)
 POLL_S = 3.0
+#: seconds one look may take before it counts as unanswered (a stopped or overloaded SuperLink
+#: would otherwise hold the coordinator for Flower's 30-s request timeout, Ctrl-C included)
+LOOK_TIMEOUT_S = 10.0
+#: seconds without an answer from the SuperLink after which ``campaign run`` stops following
+#: the run and marks the campaign failed (resumable): a SuperLink killed and started again
+#: fails its runs anyway (Flower 1.42), so waiting longer only delays the resume
+UNANSWERED_S = 120.0
+#: seconds between the warnings while the SuperLink does not answer
+UNANSWERED_WARN_S = 30.0
+#: seconds Ctrl-C / SIGTERM spends stopping the run on the SuperLink (``flwr stop`` and waiting
+#: for it) before the directory is levelled anyway: the stopped run is fenced out by the epoch
+STOP_ON_SIGNAL_S = 10.0
 
 
 def run_state(doc: dict, run_id: int) -> tuple[str, str]:
@@ -62,11 +75,40 @@ class _RunLook:
             log.warning("%s; asking with 'flwr ls' instead (one process per look)", exc)
             self.watcher = None
 
-    def __call__(self, run_id: int) -> tuple[str, str]:
-        """Raises DeploymentError (the SuperLink cannot be asked or does not list the run)."""
+    def __call__(self, run_id: int, timeout_s: float = LOOK_TIMEOUT_S,
+                 abandon: Callable[[], object] | None = None) -> tuple[str, str]:
+        """Asked in a helper thread, waited for at most ``timeout_s`` and only while
+        ``abandon()`` is false (a signal arrived: the answer is not waited for).
+
+        Raises DeploymentError (the SuperLink cannot be asked, did not answer in time or
+        does not list the run; or ``abandon()`` turned true)."""
+        box: dict = {}
+
+        def ask() -> None:
+            try:
+                box["answer"] = self._ask(run_id)
+            except Exception as exc:  # noqa: BLE001 - handed to the waiting thread
+                box["error"] = exc
+
+        t = threading.Thread(target=ask, name="sealfl-run-look", daemon=True)
+        t.start()
+        deadline = time.monotonic() + timeout_s
+        while t.is_alive() and time.monotonic() < deadline and not (abandon is not None and abandon()):
+            t.join(0.1)
+        if "answer" in box:
+            return box["answer"]
+        if "error" in box:
+            exc = box["error"]
+            raise exc if isinstance(exc, DeploymentError) else DeploymentError(str(exc))
+        if t.is_alive() and abandon is not None and abandon():
+            raise DeploymentError(f"the look at run {run_id} was abandoned (a signal arrived)")
+        raise DeploymentError(f"the SuperLink did not answer within {timeout_s:g} s")
+
+    def _ask(self, run_id: int) -> tuple[str, str]:
         if self.watcher is not None:
             return self.watcher.run_status(run_id)
-        return run_state(flwr_cli.flwr_json(["ls", flwr_cli.CONNECTION, "--run-id", str(run_id)], self.home), run_id)
+        return run_state(flwr_cli.flwr_json(["ls", flwr_cli.CONNECTION, "--run-id", str(run_id)], self.home,
+                                            timeout_s=LOOK_TIMEOUT_S), run_id)
 
     def close(self) -> None:
         if self.watcher is not None:
@@ -101,11 +143,13 @@ def check_superlink(address: str, consortium_dir: Path) -> None:
                                   "written)") from exc
 
 
-def run_deployed_campaign(spec, on_round: Callable[[dict], None] | None = None, prepared=None):
+def run_deployed_campaign(spec, on_round: Callable[[dict], None] | None = None, prepared=None,
+                          checked: bool = False):
     """Run ``spec`` (a :class:`~sealfl.platform.campaign.CampaignSpec` with ``superlink``)
     on the SuperLink to the end. Returns a :class:`~sealfl.platform.campaign.CampaignResult`.
     ``prepared``: (consortium, campaign dir) already prepared (a resume); else
     :func:`~sealfl.platform.campaign.prepare_campaign` prepares them from ``spec``.
+    ``checked``: :func:`check_superlink` has just passed for ``spec`` (not asked again).
 
     Raises ConsortiumError/CampaignError (as :func:`~sealfl.platform.campaign.run_campaign`),
     DeploymentError (the SuperLink cannot be reached or refused the run), Interrupted.
@@ -119,7 +163,8 @@ def run_deployed_campaign(spec, on_round: Callable[[dict], None] | None = None, 
         from sealfl.platform.campaign_checks import preflight
 
         preflight(spec)
-        check_superlink(spec.superlink, Path(spec.consortium_dir))
+        if not checked:
+            check_superlink(spec.superlink, Path(spec.consortium_dir))
     cons, cd = prepared if prepared is not None else prepare_campaign(spec)
     ca = cons.dir / "aggregator" / CA_FILE
     if not ca.is_file():
@@ -142,6 +187,13 @@ def run_deployed_campaign(spec, on_round: Callable[[dict], None] | None = None, 
     look = _RunLook(home)
     try:
         state, details = _follow(cd, run_id, home, look, on_round, requested)
+    except _Unanswered as exc:
+        rnd = int(cd.mark_abandoned(f"{exc}; the coordinator stopped following run {run_id}").get("round", 0))
+        where = f"after round {rnd} (its checkpoint is intact)" if rnd else "before the first round finished"
+        raise DeploymentError(f"the SuperLink at {spec.superlink} has not answered for {exc.seconds:.0f} s "
+                              f"({exc.last}); campaign {cd.dir} stopped {where} and is marked failed. Once the "
+                              f"SuperLink runs again: 'sealfl campaign resume {cd.dir} -c {cons.dir} --superlink "
+                              f"{spec.superlink}'") from None
     finally:
         look.close()
     seconds = time.perf_counter() - t0
@@ -158,6 +210,14 @@ def run_deployed_campaign(spec, on_round: Callable[[dict], None] | None = None, 
     return CampaignResult(cd.dir, status, cd.rounds(), seconds, {}, None)
 
 
+class _Unanswered(DeploymentError):
+    """The SuperLink has not answered the run looks for ``seconds`` (last error ``last``)."""
+
+    def __init__(self, seconds: float, last: str) -> None:
+        super().__init__(f"the SuperLink has not answered for {seconds:.0f} s ({last})")
+        self.seconds, self.last = seconds, last
+
+
 def _follow(cd, run_id: int, home: Path, look, on_round, requested) -> tuple[str, str]:
     """Show each new round of ``cd`` and look at run ``run_id`` every :data:`POLL_S` seconds
     until the SuperLink lists it finished; returns its last (status, details). Stops the run
@@ -168,10 +228,12 @@ def _follow(cd, run_id: int, home: Path, look, on_round, requested) -> tuple[str
     last_poll = 0.0
     state = "pending"
     details = ""
+    unanswered_since = None  # monotonic time of the first look of an outage without an answer
+    warned = 0.0
     while True:
         sig = requested()
         if sig:
-            _stop(run_id, home, look)
+            _stop(run_id, home, look, wait_s=STOP_ON_SIGNAL_S)  # not seen stopped: fenced out by the epoch
             raise _interrupted(cd, sig) from None
         rounds = cd.rounds()
         if on_round is not None:
@@ -184,9 +246,23 @@ def _follow(cd, run_id: int, home: Path, look, on_round, requested) -> tuple[str
         if time.monotonic() - last_poll >= POLL_S:
             last_poll = time.monotonic()
             try:
-                state, details = look(run_id)
+                state, details = look(run_id, abandon=requested)
             except DeploymentError as exc:
-                log.warning("cannot read the state of run %d: %s", run_id, exc)
+                now = time.monotonic()
+                if requested():
+                    continue  # acted on at the top of the loop
+                if unanswered_since is None:
+                    unanswered_since = warned = now
+                    log.warning("%s; waiting up to %.0f s for the SuperLink to answer", exc, UNANSWERED_S)
+                elif now - unanswered_since >= UNANSWERED_S:
+                    raise _Unanswered(now - unanswered_since, str(exc)) from exc
+                elif now - warned >= UNANSWERED_WARN_S:
+                    warned = now
+                    log.warning("the SuperLink has not answered for %.0f s (%s)", now - unanswered_since, exc)
+            else:
+                if unanswered_since is not None:
+                    log.warning("the SuperLink answers again after %.0f s", time.monotonic() - unanswered_since)
+                unanswered_since = None
             if state.startswith("finished"):
                 break
         time.sleep(0.25)
@@ -197,14 +273,15 @@ def _follow(cd, run_id: int, home: Path, look, on_round, requested) -> tuple[str
 
 
 def _stop(run_id: int, home: Path, look=None, wait_s: float = 30.0) -> bool:
-    """Stop the run on the SuperLink and wait (at most ``wait_s``) until it is finished, so
-    no ServerApp writes the campaign directory while it is levelled. Returns True once the
-    SuperLink lists the run as finished (also a run that had finished before)."""
+    """Stop the run on the SuperLink and wait (at most ``wait_s`` in all, the ``flwr stop``
+    included) until it is finished, so no ServerApp writes the campaign directory while it
+    is levelled. Returns True once the SuperLink lists the run as finished (also a run that
+    had finished before)."""
+    deadline = time.monotonic() + wait_s
     try:
-        flwr_cli.flwr_json(["stop", str(run_id), flwr_cli.CONNECTION], home, timeout_s=30.0)
+        flwr_cli.flwr_json(["stop", str(run_id), flwr_cli.CONNECTION], home, timeout_s=min(30.0, wait_s))
     except DeploymentError as exc:  # e.g. the run had finished already: its state below says
         log.info("flwr stop %d: %s", run_id, exc)
-    deadline = time.monotonic() + wait_s
     own = look is None
     look = look or _RunLook(home)
     try:
@@ -217,9 +294,9 @@ def _stop(run_id: int, home: Path, look=None, wait_s: float = 30.0) -> bool:
 def _wait_finished(run_id: int, look, deadline: float, wait_s: float) -> bool:
     while True:
         try:
-            state, _ = look(run_id)
+            state, _ = look(run_id, timeout_s=round(max(0.5, min(LOOK_TIMEOUT_S, deadline - time.monotonic())), 1))
         except DeploymentError as exc:
-            log.warning("cannot read the state of run %d: %s", run_id, exc)
+            log.warning("run %d not seen stopped: %s", run_id, exc)
             return False
         if state.startswith("finished"):
             return True

@@ -14,6 +14,13 @@ def run_campaign_with_progress(spec: CampaignSpec, console: Console, **kwargs) -
     accepted/rejected partners and time. ``kwargs`` go to :func:`run_campaign`
     (``client_app``, ``client_app_kwargs``, ``app_dir``). Raises what it raises."""
     preflight(spec)  # fail on bad settings before drawing a progress bar
+    if spec.superlink:  # and on a SuperLink that does not answer (or lacks this consortium's CA)
+        from pathlib import Path
+
+        from sealfl.platform.deployed import check_superlink
+
+        check_superlink(spec.superlink, Path(spec.consortium_dir))
+        kwargs = {**kwargs, "superlink_checked": True}
     with Progress(TextColumn("[bold]encrypted rounds"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.description}"), console=console, transient=False) as bar:
         task = bar.add_task(f"submitting to the SuperLink {spec.superlink}, statistics round…" if spec.superlink

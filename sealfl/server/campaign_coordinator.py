@@ -165,6 +165,19 @@ class CoordinatorSide:
             self._write_status()
         return self.status
 
+    def mark_abandoned(self, error: str) -> dict:
+        """Record that the coordinator stopped following a run it could not reach (a
+        deployed campaign whose SuperLink stopped answering): under the directory's lock,
+        level it with its last committed round (:meth:`recover`), raise the run epoch (the
+        run, should its SuperLink come back, is fenced out) and set ``failed`` with
+        ``error`` -- ``campaign resume`` continues it. Returns the status written."""
+        with self._locked():
+            self.recover()
+            epoch = (self.status.get(EPOCH) if isinstance(self.status.get(EPOCH), int) else 0) + 1
+            self.status.update(status="failed", error=error, stopped=time.time(), **{EPOCH: epoch})
+            self._write_status()
+        return self.status
+
     def mark_complete(self, note: str) -> dict:
         """Record as ``finished`` a campaign whose checkpoint already holds its last round
         (coordinator side, after :meth:`reopen`: a stopped run committed it before it ended,

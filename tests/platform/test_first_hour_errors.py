@@ -127,6 +127,26 @@ def test_kind_a_malformed_superlink_address_is_refused_before_anything_starts(co
         assert not (tmp_path / "camp").exists()
 
 
+def test_kind_a_superlink_that_does_not_answer_is_refused_before_campaign_started_is_printed(cons, tmp_path):
+    """Nothing listens there (and a consortium whose aggregator kit lacks ca.crt): the error
+    alone, not "campaign started" and a progress bar first; nothing written."""
+    import shutil
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    no_ca = shutil.copytree(cons.dir, tmp_path / "no-ca")
+    (no_ca / "aggregator" / "ca.crt").unlink()
+    for c, why in ((cons.dir, "cannot use the SuperLink at"), (no_ca, "has no ca.crt")):
+        out = subprocess.run([sys.executable, "-m", "sealfl.platform.cli", "campaign", "run", "-c", str(c),
+                              "-o", str(tmp_path / "camp"), "--rounds", "1", "--superlink", f"127.0.0.1:{port}"],
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 1 and why in out.stderr, out.stderr
+        assert "campaign started" not in out.stdout and "encrypted rounds" not in out.stdout, out.stdout
+        assert not (tmp_path / "camp").exists()
+
+
 def test_kind_a_superlink_refuses_a_busy_port_and_a_state_directory_in_use(cons, tmp_path):
     import fcntl
     import os
