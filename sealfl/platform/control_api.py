@@ -60,7 +60,7 @@ class RunWatcher:
             os.environ["FLWR_HOME"] = str(flwr_home)
             said = io.StringIO()
             try:
-                # Flower's helper prints "Using SuperLink: ..." to stdout: not into `campaign run --json`
+                # Flower's helper prints "Using SuperLink: ..." to stdout, into the middle of our CLI's output
                 with contextlib.redirect_stdout(said):
                     self._client = init_http_client_from_connection(read_superlink_connection(connection))
             except Exception as exc:  # click.ClickException, ValueError, OSError: Flower's own text

@@ -246,7 +246,7 @@ def test_the_coordinator_asks_for_its_runs_state_in_process_as_flwr_ls_answers(f
     capsys.readouterr()
     with RunWatcher(home, flwr_cli.CONNECTION) as look:
         assert os.environ.get("FLWR_HOME") == before  # Flower's helpers read it; it is put back
-        assert capsys.readouterr().out == ""  # Flower's "Using SuperLink: ..." stays out of --json output
+        assert capsys.readouterr().out == ""  # Flower's "Using SuperLink: ..." stays out of our CLI's stdout
         status, _details = look.run_status(run_id)
         assert status == via_cli[0] == "finished:completed"
         with pytest.raises(DeploymentError, match="run 12345|12345"):
@@ -254,7 +254,7 @@ def test_the_coordinator_asks_for_its_runs_state_in_process_as_flwr_ls_answers(f
     # a connection whose CA is another consortium's: the TLS handshake fails, named as the run's state
     other = flwr_cli.write_flwr_home(tmp_path / "home", f"127.0.0.1:{federation['port']}",
                                      d / "intruders" / "other" / "superlink" / "ca.crt")
-    with RunWatcher(other, flwr_cli.CONNECTION) as look, pytest.raises(DeploymentError, match="state of run"):
+    with RunWatcher(other, flwr_cli.CONNECTION) as look, pytest.raises(DeploymentError, match="no answer about run"):
         look.run_status(run_id)
     with pytest.raises(DeploymentError, match="no-such-connection"):
         RunWatcher(home, "no-such-connection")
